@@ -1,0 +1,386 @@
+"""A real single-node Apache Kafka (KRaft combined mode) from Maven Central jars, for machines
+without Docker: `astraflow broker start|stop|status`.
+
+The jars are resolved once with Maven into a cache outside the clone (`$ASTRAFLOW_HOME`, default
+`~/.cache/astraflow`); `~/.m2` makes later resolutions no-ops. A broker lives in a data directory
+that holds its config, its log dirs, its log file and `broker.json` (PID, ports, bootstrap), so
+`stop` and `status` find it again from any shell, and a restart on the same directory keeps the data.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from astraflow.errors import BrokerError
+
+HERE = Path(__file__).resolve().parent
+POM = HERE / "pom.xml"
+LOG4J = HERE / "log4j2.properties"
+STATE_FILE = "broker.json"
+MIN_JAVA = 17
+
+
+def kafka_version() -> str:
+    """The Kafka version, kept in one place: the pom's `kafka.version` property."""
+    match = re.search(r"<kafka.version>([^<]+)</kafka.version>", POM.read_text())
+    if not match:
+        raise BrokerError(f"{POM}: no <kafka.version> property")
+    return match.group(1)
+
+
+def cache_home() -> Path:
+    return Path(os.environ.get("ASTRAFLOW_HOME") or Path.home() / ".cache" / "astraflow").expanduser()
+
+
+def default_data_dir() -> Path:
+    return cache_home() / "broker"
+
+
+# --------------------------------------------------------------------------------------- java, jars
+
+
+def find_java() -> str:
+    """Path of a Java 17+ executable (JAVA_HOME first, then PATH), or a BrokerError saying what to do."""
+    candidates = []
+    if os.environ.get("JAVA_HOME"):
+        candidates.append(str(Path(os.environ["JAVA_HOME"]) / "bin" / "java"))
+    if shutil.which("java"):
+        candidates.append(shutil.which("java") or "java")
+    for java in candidates:
+        if not os.access(java, os.X_OK):
+            continue
+        out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+        match = re.search(r'version "(\d+)', out)
+        if match and int(match.group(1)) >= MIN_JAVA:
+            return java
+        if match:
+            raise BrokerError(f"{java} is Java {match.group(1)}; Kafka {kafka_version()} needs Java {MIN_JAVA}+. "
+                              f"Install a newer JDK or point JAVA_HOME at one.")
+    raise BrokerError(f"Java {MIN_JAVA}+ was not found (looked at JAVA_HOME and PATH). Install one, e.g. "
+                      f"`apt-get install openjdk-17-jre-headless`, or set JAVA_HOME.")
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def jars_dir(version: str | None = None) -> Path:
+    return cache_home() / "kafka" / (version or kafka_version()) / "libs"
+
+
+def ensure_jars(progress: Callable[[str], None] = lambda _: None) -> Path:
+    """Resolve the Kafka jars once per machine; later calls return the cached directory at once."""
+    libs = jars_dir()
+    marker = libs / ".complete"
+    if marker.exists():
+        return libs
+    with _file_lock(libs.parent / ".lock"):
+        if marker.exists():
+            return libs
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise BrokerError("Maven (mvn) was not found; it resolves the Kafka jars from Maven Central "
+                              "once. Install it, e.g. `apt-get install maven`.")
+        progress(f"resolving Apache Kafka {kafka_version()} jars with Maven into {libs} (once per machine)")
+        tmp = libs.with_name("libs.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        cmd = [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
+               "-DincludeScope=runtime", f"-DoutputDirectory={tmp}"]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            tail = (result.stdout + result.stderr).strip().splitlines()[-20:]
+            raise BrokerError("Maven could not resolve the Kafka jars:\n" + "\n".join(tail))
+        shutil.rmtree(libs, ignore_errors=True)
+        tmp.rename(libs)
+        marker.write_text(kafka_version())
+    return libs
+
+
+# --------------------------------------------------------------------------------------- state
+
+
+@dataclass
+class BrokerState:
+    pid: int
+    port: int
+    controller_port: int
+    bootstrap: str
+    data_dir: str
+    log_file: str
+    cluster_id: str
+    started_at: float
+
+    @classmethod
+    def load(cls, data_dir: Path) -> BrokerState | None:
+        path = data_dir / STATE_FILE
+        if not path.exists():
+            return None
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (ValueError, TypeError):
+            return None
+
+    def save(self) -> None:
+        path = Path(self.data_dir) / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        tmp.replace(path)
+
+
+def _is_our_jvm(pid: int, data_dir: Path) -> bool:
+    """True if `pid` is alive and is the Kafka JVM of this data directory (guards against PID reuse)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":  # a zombie is dead
+            return False
+    except (OSError, IndexError):
+        return False
+    return "kafka.Kafka" in cmdline and str(data_dir) in cmdline
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+# --------------------------------------------------------------------------------------- start/stop
+
+
+def _server_properties(data_dir: Path, port: int, controller_port: int) -> str:
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "log.dirs": str(data_dir / "data"),
+        "num.partitions": "1",
+        "default.replication.factor": "1",
+        "min.insync.replicas": "1",
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "4",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "4",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        # Topics come from topics.yaml (or from Faust's own admin calls): a typo must not create one.
+        "auto.create.topics.enable": "false",
+        "message.max.bytes": str(32 << 20 | 1 << 16),
+        "replica.fetch.max.bytes": str(33 << 20),
+        "log.cleaner.dedupe.buffer.size": str(32 << 20),
+        "log.retention.check.interval.ms": "60000",
+        "num.network.threads": "2",
+        "num.io.threads": "4",
+    }
+    return "".join(f"{k}={v}\n" for k, v in props.items())
+
+
+def _ready(bootstrap: str, timeout: float) -> bool:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000, "log_level": 0,
+                         "logger": _SilentLogger()})
+    try:
+        md = admin.list_topics(timeout=timeout)
+        return len(md.brokers) > 0
+    except Exception:  # noqa: BLE001 - any failure here means "not ready yet"
+        return False
+
+
+class _SilentLogger:
+    """librdkafka logs connection refusals loudly while the broker starts; they are expected."""
+
+    def log(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return self.log
+
+
+def start(port: int = 9092, data_dir: Path | None = None, heap: str = "512m", timeout: float = 180.0,
+          progress: Callable[[str], None] = lambda _: None) -> BrokerState:
+    """Start a broker (or return the one already running in `data_dir`). `port=0` picks a free port."""
+    data_dir = (data_dir or default_data_dir()).expanduser().resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with _file_lock(data_dir / ".lock"):
+        state = BrokerState.load(data_dir)
+        if state and _is_our_jvm(state.pid, data_dir):
+            if _ready(state.bootstrap, 10):
+                return state
+            raise BrokerError(f"a broker (PID {state.pid}) runs in {data_dir} but does not answer on "
+                              f"{state.bootstrap}; see {state.log_file} or run `astraflow broker stop`")
+        java = find_java()
+        libs = ensure_jars(progress)
+        if port == 0:
+            port = free_port()
+        elif not port_is_free(port):
+            raise BrokerError(f"port {port} on 127.0.0.1 is taken by another process; pick another with --port "
+                              f"(or --port 0 for any free port)")
+        controller_port = state.controller_port if state and port_is_free(state.controller_port) else free_port()
+        if controller_port == port:
+            controller_port = free_port()
+        logs = data_dir / "logs"
+        logs.mkdir(exist_ok=True)
+        props = data_dir / "server.properties"
+        props.write_text(_server_properties(data_dir, port, controller_port))
+        cluster_id = _format_storage(java, libs, data_dir, props, state)
+        log_file = logs / "kafka.log"
+        out = open(logs / "kafka.out", "ab")
+        cmd = [java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+               "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile=file:{LOG4J}",
+               f"-Dkafka.logs.dir={logs}", f"-Dastraflow.data.dir={data_dir}",
+               "-cp", f"{libs}/*", "kafka.Kafka", str(props)]
+        started = time.time()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=data_dir)
+        out.close()
+        state = BrokerState(pid=proc.pid, port=port, controller_port=controller_port,
+                            bootstrap=f"127.0.0.1:{port}", data_dir=str(data_dir), log_file=str(log_file),
+                            cluster_id=cluster_id, started_at=started)
+        state.save()
+        (data_dir / "broker.pid").write_text(str(proc.pid))
+        progress(f"started Kafka {kafka_version()} (PID {proc.pid}), waiting for {state.bootstrap}; log: {log_file}")
+        deadline = started + timeout
+        while time.time() < deadline:
+            code = proc.poll()
+            if code is not None:
+                raise BrokerError(f"the Kafka JVM exited with status {code} during start-up. Log: {log_file}\n"
+                                  f"{log_tail(log_file)}\n{log_tail(logs / 'kafka.out', 10)}")
+            if _ready(state.bootstrap, 2):
+                return state
+            time.sleep(0.3)
+        _terminate(proc.pid, data_dir, 10)
+        raise BrokerError(f"Kafka did not answer on {state.bootstrap} within {timeout:.0f}s. Log: {log_file}\n"
+                          f"{log_tail(log_file)}")
+
+
+def _format_storage(java: str, libs: Path, data_dir: Path, props: Path, state: BrokerState | None) -> str:
+    meta = data_dir / "data" / "meta.properties"
+    if meta.exists():
+        match = re.search(r"cluster\.id=(\S+)", meta.read_text())
+        if match:
+            return match.group(1)
+    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    cmd = [java, "-Xmx256m", f"-Dlog4j2.configurationFile=file:{LOG4J}", f"-Dkafka.logs.dir={data_dir / 'logs'}",
+           "-cp", f"{libs}/*", "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props),
+           "--ignore-formatted"]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise BrokerError(f"formatting Kafka storage in {data_dir / 'data'} failed:\n"
+                          f"{(result.stdout + result.stderr).strip()[-2000:]}")
+    return cluster_id
+
+
+def _terminate(pid: int, data_dir: Path, timeout: float) -> bool:
+    """SIGTERM, wait, then SIGKILL. Returns True if the process was ours and is now gone."""
+    if not _is_our_jvm(pid, data_dir):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        _reap(pid)
+        if not _is_our_jvm(pid, data_dir):
+            return True
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    for _ in range(50):
+        _reap(pid)
+        if not _is_our_jvm(pid, data_dir):
+            break
+        time.sleep(0.1)
+    return True
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status if the JVM is our child (started in this process)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def stop(data_dir: Path | None = None, timeout: float = 30.0) -> BrokerState | None:
+    """Stop the broker of `data_dir` gracefully (SIGTERM, then SIGKILL after `timeout`).
+    Returns its state, or None if none was running."""
+    data_dir = (data_dir or default_data_dir()).expanduser().resolve()
+    state = BrokerState.load(data_dir)
+    if state is None:
+        return None
+    stopped = _terminate(state.pid, data_dir, timeout)
+    with contextlib.suppress(FileNotFoundError):
+        (data_dir / "broker.pid").unlink()
+    with contextlib.suppress(FileNotFoundError):
+        (data_dir / STATE_FILE).unlink()
+    return state if stopped else None
+
+
+def status(data_dir: Path | None = None) -> tuple[BrokerState | None, bool]:
+    """(state, answering): the recorded broker of `data_dir` and whether it answers now."""
+    data_dir = (data_dir or default_data_dir()).expanduser().resolve()
+    state = BrokerState.load(data_dir)
+    if state is None or not _is_our_jvm(state.pid, data_dir):
+        return None, False
+    return state, _ready(state.bootstrap, 5)
+
+
+def local_bootstrap(data_dir: Path | None = None) -> str | None:
+    """Bootstrap address of the local broker if one is running in `data_dir`."""
+    data_dir = (data_dir or default_data_dir()).expanduser().resolve()
+    state = BrokerState.load(data_dir)
+    if state is not None and _is_our_jvm(state.pid, data_dir):
+        return state.bootstrap
+    return None
+
+
+if __name__ == "__main__":  # pragma: no cover - debugging aid
+    s = start(port=int(sys.argv[1]) if len(sys.argv) > 1 else 0, progress=print)
+    print(s)

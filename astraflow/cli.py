@@ -1,0 +1,223 @@
+"""The `astraflow` command line.
+
+Shared commands live here (`broker`, `topics`); each component registers its own commands
+(`worker`, `feed`, `streams`, `trainer`, ...) through a `register(app)` function in its `cli`
+module, which must stay light to import (torch is imported inside the commands).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from astraflow.errors import AstraFlowError
+
+COMPONENT_CLIS = ("workers.cli", "streams.cli", "trainer.cli", "astraflow.runner.cli")
+
+console = Console(stderr=True)
+out = Console()
+
+app = typer.Typer(
+    name="astraflow",
+    help="AstraFlow: dataflow reinforcement learning for LLM agents on Kafka.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+broker_app = typer.Typer(help="Run a local single-node Apache Kafka (KRaft) from Maven Central jars.",
+                         no_args_is_help=True)
+topics_app = typer.Typer(help="Create and converge the topics of topics.yaml.", no_args_is_help=True)
+app.add_typer(broker_app, name="broker")
+app.add_typer(topics_app, name="topics")
+
+DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Broker directory (default: $ASTRAFLOW_HOME/broker).")]
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+# --------------------------------------------------------------------------------------- broker
+
+
+@broker_app.command("start")
+def broker_start(
+    port: Annotated[int, typer.Option(help="Client port on 127.0.0.1 (0: any free port).")] = 9092,
+    data_dir: DataDir = None,
+    heap: Annotated[str, typer.Option(help="JVM heap.")] = "512m",
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the broker to answer.")] = 180.0,
+) -> None:
+    """Start the broker (or report the one already running) and print its bootstrap address."""
+    from astraflow import broker
+
+    try:
+        state = broker.start(port=port, data_dir=data_dir, heap=heap, timeout=timeout,
+                             progress=lambda m: console.print(m, highlight=False))
+    except AstraFlowError as exc:
+        raise fail(str(exc)) from None
+    console.print(f"Kafka {broker.kafka_version()} is up (PID {state.pid}); log: {state.log_file}", highlight=False)
+    console.print(f"use it with: export ASTRAFLOW_BOOTSTRAP={state.bootstrap}", highlight=False)
+    out.print(state.bootstrap, highlight=False)
+
+
+@broker_app.command("stop")
+def broker_stop(
+    data_dir: DataDir = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait after SIGTERM before SIGKILL.")] = 30.0,
+) -> None:
+    """Stop the broker gracefully, by its recorded PID."""
+    from astraflow import broker
+
+    state = broker.stop(data_dir, timeout)
+    if state is None:
+        console.print("no broker was running there")
+    else:
+        console.print(f"stopped the broker on {state.bootstrap} (PID {state.pid})", highlight=False)
+
+
+@broker_app.command("status")
+def broker_status(data_dir: DataDir = None) -> None:
+    """Say whether the broker runs and answers; exit 1 if not."""
+    from astraflow import broker
+
+    state, answering = broker.status(data_dir)
+    if state is None:
+        raise fail("no broker is running (start one with `astraflow broker start`)")
+    word = "answering" if answering else "NOT answering"
+    out.print(f"{state.bootstrap} PID {state.pid} {word}; data {state.data_dir}; log {state.log_file}",
+              highlight=False)
+    if not answering:
+        raise typer.Exit(1)
+
+
+@broker_app.command("fetch")
+def broker_fetch() -> None:
+    """Resolve the Kafka jars into the cache (done automatically by `start`)."""
+    from astraflow import broker
+
+    try:
+        libs = broker.ensure_jars(lambda m: console.print(m, highlight=False))
+        broker.find_java()
+    except AstraFlowError as exc:
+        raise fail(str(exc)) from None
+    out.print(str(libs))
+
+
+# --------------------------------------------------------------------------------------- topics
+
+
+def _policies_from(policies: str | None, recipe: Path | None) -> list[str] | None:
+    if policies:
+        return [p.strip() for p in policies.split(",") if p.strip()]
+    if recipe is not None:
+        from astraflow.config import load_recipe
+
+        return load_recipe(recipe).policy_names
+    return None
+
+
+def _settings_from(recipe: Path | None, bootstrap: str | None):  # type: ignore[no-untyped-def]
+    from astraflow.config import KafkaSettings, load_recipe
+    from astraflow.kafka import resolve
+
+    base = load_recipe(recipe).kafka if recipe is not None else KafkaSettings()
+    if bootstrap:
+        base = base.model_copy(update={"bootstrap": bootstrap})
+        os.environ.pop("ASTRAFLOW_BOOTSTRAP", None)
+    return resolve(base)
+
+
+Recipe = Annotated[Path | None, typer.Option("--recipe", "-r", help="Recipe YAML (policies, kafka settings).")]
+Bootstrap = Annotated[str | None, typer.Option(help="Kafka bootstrap servers (default: recipe, "
+                                                    "ASTRAFLOW_BOOTSTRAP, or the local broker).")]
+
+
+@topics_app.command("apply")
+def topics_apply(
+    file: Annotated[Path | None, typer.Option("--file", "-f", help="Topic spec (default: topics.yaml).")] = None,
+    policies: Annotated[str | None, typer.Option(help="Comma-separated policies for {policy} templates.")] = None,
+    recipe: Recipe = None,
+    bootstrap: Bootstrap = None,
+) -> None:
+    """Create missing topics, grow partitions and converge configs. Idempotent."""
+    from astraflow import topics
+    from astraflow.kafka import make_admin
+
+    try:
+        spec = topics.load_spec(file or topics.DEFAULT_SPEC)
+        settings = _settings_from(recipe, bootstrap)
+        specs = topics.expand(spec, _policies_from(policies, recipe), settings)
+        report = topics.apply(make_admin(settings), specs)
+    except AstraFlowError as exc:
+        raise fail(str(exc)) from None
+    table = Table("topic", "partitions", "cleanup", "change", title=f"topics on {settings.bootstrap}")
+    grown = {n: (a, b) for n, a, b in report.grown}
+    reconf = dict(report.reconfigured)
+    for s in specs:
+        if s.name in report.created:
+            change = "created"
+        elif s.name in grown:
+            change = f"grown {grown[s.name][0]} -> {grown[s.name][1]}"
+        elif s.name in reconf:
+            change = "configs: " + ", ".join(f"{k}={v}" for k, v in reconf[s.name].items())
+        else:
+            change = "unchanged"
+        table.add_row(s.name, str(s.partitions), s.configs["cleanup.policy"], change)
+    out.print(table)
+    for w in report.warnings:
+        console.print(f"[yellow]warning:[/] {w}", highlight=False)
+
+
+@topics_app.command("list")
+def topics_list(recipe: Recipe = None, bootstrap: Bootstrap = None) -> None:
+    """List the topics of the cluster with their partition counts."""
+    from astraflow.kafka import make_admin
+
+    try:
+        settings = _settings_from(recipe, bootstrap)
+        md = make_admin(settings).list_topics(timeout=15)
+    except AstraFlowError as exc:
+        raise fail(str(exc)) from None
+    for name in sorted(md.topics):
+        if not name.startswith("__"):
+            out.print(f"{name}\t{len(md.topics[name].partitions)}", highlight=False)
+
+
+# --------------------------------------------------------------------------------------- components
+
+
+def _register_components() -> None:
+    for module in COMPONENT_CLIS:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and module.startswith(exc.name):
+                continue  # that component is not installed here
+            raise
+        mod.register(app)
+
+
+_register_components()
+
+
+def main() -> None:
+    logging.basicConfig(level=os.environ.get("ASTRAFLOW_LOG_LEVEL", "WARNING"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        app()
+    except AstraFlowError as exc:
+        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""A recipe: one YAML file that configures every component of a run.
+
+Keys equal field names; an unknown key anywhere is an error naming the key and the file.
+Each component reads its own section plus the shared ones (`policies`, `kafka`, `model`,
+`max_staleness`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+
+from astraflow.config.base import StrictModel, load_model
+from astraflow.config.feeder import FeederConfig
+from astraflow.config.kafka import KafkaSettings
+from astraflow.config.models import ModelSpec
+from astraflow.config.run import RunConfig
+from astraflow.config.streams import StreamsConfig
+from astraflow.config.trainer import TrainerConfig
+from astraflow.config.worker import WorkerConfig
+
+POLICY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]{0,63}$")
+
+
+class PolicySpec(StrictModel):
+    """A policy trained by this recipe: its name and, optionally, its own model."""
+
+    name: str
+    """Policy name; used in topic names (`samples.<name>`) and in trajectories."""
+    model: ModelSpec | None = None
+    """This policy's model; defaults to the recipe's `model`."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not POLICY_RE.match(v):
+            raise ValueError(f"{v!r} is not a valid policy name (letters, digits, '_' and '-', max 64)")
+        return v
+
+
+class Recipe(StrictModel):
+    """Everything one run needs."""
+
+    name: str
+    """Name of the recipe; names the run directory."""
+    description: str = ""
+    """One paragraph on what the recipe trains and what to expect."""
+    seed: int = 0
+    """Global seed."""
+    policies: list[PolicySpec] = Field(default_factory=lambda: [PolicySpec(name="policy")], min_length=1)
+    """Policies trained together."""
+    model: ModelSpec = ModelSpec()
+    """Default model of every policy."""
+    max_staleness: int = Field(default=2, ge=0)
+    """Largest allowed version lag (trainer version minus oldest generating version)."""
+    kafka: KafkaSettings = KafkaSettings()
+    """Kafka connection; ASTRAFLOW_* variables override it."""
+    feeder: FeederConfig = FeederConfig()
+    worker: WorkerConfig = WorkerConfig()
+    streams: StreamsConfig = StreamsConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    run: RunConfig = RunConfig()
+
+    @model_validator(mode="after")
+    def _unique_policies(self) -> Recipe:
+        names = [p.name for p in self.policies]
+        if len(set(names)) != len(names):
+            raise ValueError(f"policy names must be unique: {names}")
+        return self
+
+    @property
+    def policy_names(self) -> list[str]:
+        return [p.name for p in self.policies]
+
+    def model_for(self, policy: str) -> ModelSpec:
+        for p in self.policies:
+            if p.name == policy:
+                return p.model or self.model
+        from astraflow.errors import ConfigError
+
+        raise ConfigError(f"unknown policy {policy!r}; this recipe has {', '.join(self.policy_names)}")
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Load and validate a recipe file. Errors name the file and the key."""
+    return load_model(Recipe, path)

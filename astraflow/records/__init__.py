@@ -1,0 +1,30 @@
+"""Wire records and their msgpack codec: the contract between every component.
+
+    from astraflow.records import Trajectory, encode, decode
+    data = encode(traj)                     # validates, then packs
+    traj = decode(data, Trajectory)         # unpacks, then validates; only RecordError escapes
+"""
+
+from astraflow.errors import RecordError
+from astraflow.records.codec import SCHEMA_VERSION, decode, encode
+from astraflow.records.types import (
+    DTYPES,
+    FINISH_REASONS,
+    RECORD_TYPES,
+    DeadLetter,
+    Metric,
+    Record,
+    Sample,
+    Task,
+    TaskStats,
+    Trajectory,
+    WeightVersion,
+    group_id,
+    traj_id,
+)
+
+__all__ = [
+    "DTYPES", "FINISH_REASONS", "RECORD_TYPES", "SCHEMA_VERSION", "DeadLetter", "Metric", "Record",
+    "RecordError", "Sample", "Task", "TaskStats", "Trajectory", "WeightVersion", "decode", "encode",
+    "group_id", "traj_id",
+]

@@ -1,0 +1,115 @@
+"""msgpack codec for the wire records.
+
+A record travels as a msgpack map: `v` (schema version), `t` (record type) and its fields.
+Token-level arrays are msgpack extension values (type 1): one dtype byte, a little-endian uint32
+element count, then the raw little-endian buffer, so decoding is a zero-copy `np.frombuffer`.
+No pickle anywhere. `decode` raises only RecordError, whatever the bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from typing import Any, TypeVar
+
+import msgpack
+import numpy as np
+
+from astraflow.errors import RecordError
+from astraflow.records.fields import MAX_BYTES, MAX_TOKENS
+from astraflow.records.types import RECORD_TYPES, Record
+
+SCHEMA_VERSION = 1
+EXT_NDARRAY = 1
+
+_DTYPE_CODES = {np.dtype("int8"): 1, np.dtype("uint8"): 2, np.dtype("int32"): 3, np.dtype("float32"): 4}
+_CODE_DTYPES = {code: dt.newbyteorder("<") for dt, code in _DTYPE_CODES.items()}
+_HEADER = struct.Struct("<BI")
+
+R = TypeVar("R", bound=Record)
+
+
+def _pack_array(arr: np.ndarray) -> msgpack.ExtType:
+    code = _DTYPE_CODES[arr.dtype]
+    data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
+    return msgpack.ExtType(EXT_NDARRAY, _HEADER.pack(code, arr.shape[0]) + data)
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return _pack_array(obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"cannot encode {type(obj).__name__}")
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code != EXT_NDARRAY:
+        raise RecordError("<ext>", f"unknown msgpack extension type {code}")
+    if len(data) < _HEADER.size:
+        raise RecordError("<ext>", "array header is truncated")
+    dtype_code, n = _HEADER.unpack_from(data)
+    dtype = _CODE_DTYPES.get(dtype_code)
+    if dtype is None:
+        raise RecordError("<ext>", f"unknown array dtype code {dtype_code}")
+    if n > MAX_TOKENS:
+        raise RecordError("<ext>", f"array of {n} elements exceeds {MAX_TOKENS}")
+    body = memoryview(data)[_HEADER.size :]
+    if len(body) != n * dtype.itemsize:
+        raise RecordError("<ext>", f"array says {n} x {dtype.itemsize} bytes but carries {len(body)}")
+    arr = np.frombuffer(body, dtype=dtype)
+    return arr.astype(dtype.newbyteorder("="), copy=False)
+
+
+def encode(record: Record, known_policies: frozenset[str] | None = None) -> bytes:
+    """Validate a record and encode it. Raises RecordError if the record is not valid."""
+    record.validate(known_policies)
+    body: dict[str, Any] = {"v": SCHEMA_VERSION, "t": record.TYPE}
+    for fld in dataclasses.fields(record):  # type: ignore[arg-type]
+        body[fld.name] = getattr(record, fld.name)
+    return msgpack.packb(body, default=_default, use_bin_type=True)
+
+
+def decode(data: bytes | bytearray | memoryview, expected: type[R] | None = None,
+           known_policies: frozenset[str] | None = None) -> R:
+    """Decode and validate one record. Raises RecordError (and nothing else) on bad input.
+
+    With `expected`, a record of another type is an error; without it any record type decodes.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise RecordError("<bytes>", f"expected bytes, got {type(data).__name__}")
+    if len(data) > MAX_BYTES:
+        raise RecordError("<bytes>", f"record of {len(data)} bytes exceeds {MAX_BYTES}")
+    try:
+        body = msgpack.unpackb(
+            data, raw=False, ext_hook=_ext_hook, strict_map_key=True, use_list=True
+        )
+    except RecordError:
+        raise
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError,
+            UnicodeDecodeError, OverflowError, RecursionError, MemoryError) as exc:
+        raise RecordError("<bytes>", f"not a msgpack record: {type(exc).__name__}: {exc}") from None
+    if not isinstance(body, dict):
+        raise RecordError("<bytes>", f"expected a msgpack map, got {type(body).__name__}")
+    version = body.pop("v", None)
+    if version != SCHEMA_VERSION:
+        raise RecordError("v", f"unsupported schema version {version!r} (this build reads {SCHEMA_VERSION})")
+    type_name = body.pop("t", None)
+    cls = RECORD_TYPES.get(type_name) if isinstance(type_name, str) else None
+    if cls is None:
+        raise RecordError("t", f"unknown record type {type_name!r}")
+    if expected is not None and cls is not expected:
+        raise RecordError("t", f"expected a {expected.TYPE} record, got {type_name}")
+    return _build(cls, body, known_policies)  # type: ignore[return-value]
+
+
+def _build(cls: type[Record], body: dict[str, Any], known_policies: frozenset[str] | None) -> Record:
+    fields = {fld.name: fld for fld in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted((k for k in body if k not in fields), key=repr)
+    if unknown:
+        raise RecordError(str(unknown[0]), "unknown field", cls.TYPE)
+    for name, fld in fields.items():
+        if name not in body and fld.default is dataclasses.MISSING and fld.default_factory is dataclasses.MISSING:
+            raise RecordError(name, "required field is missing", cls.TYPE)
+    record = cls(**body)
+    return record.validate(known_policies)

@@ -1,0 +1,312 @@
+"""The wire records: what travels on each topic (see DESIGN.md, "Wire records").
+
+Each record is a plain dataclass whose fields carry their kind as metadata. `Record.validate()`
+checks and normalises every field plus the cross-field rules (equal token-level lengths, owners
+that index the policy list, rewards for exactly the listed policies); the codec calls it on both
+encode and decode, so no component can emit or accept a malformed record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from astraflow.errors import RecordError
+from astraflow.records.fields import (
+    MAX_TEXT_CHARS,
+    NAME,
+    SHA256,
+    Array,
+    Bool,
+    Bytes,
+    Float,
+    FloatMap,
+    Int,
+    Json,
+    Kind,
+    Optional,
+    Str,
+    StrList,
+    StrMap,
+)
+
+FINISH_REASONS = ("stop", "length", "error", "aborted")
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+def wire(kind: Kind, **kwargs: Any) -> Any:
+    """A dataclass field that carries its wire kind."""
+    return field(metadata={"kind": kind}, **kwargs)
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _empty_i32() -> np.ndarray:
+    return np.zeros(0, np.int32)
+
+
+class Record:
+    """Base of all wire records: field-by-field validation plus per-type cross-field rules."""
+
+    TYPE: ClassVar[str]
+    #: Fields that must all have the same length (token-level arrays).
+    TOKEN_FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    def validate(self, known_policies: frozenset[str] | None = None) -> Record:
+        """Check and normalise every field in place; return self. Raises RecordError."""
+        try:
+            for fld in dataclasses.fields(self):  # type: ignore[arg-type]
+                kind: Kind = fld.metadata["kind"]
+                setattr(self, fld.name, kind.check(fld.name, getattr(self, fld.name)))
+            if self.TOKEN_FIELDS:
+                lengths = {name: len(getattr(self, name)) for name in self.TOKEN_FIELDS}
+                first = self.TOKEN_FIELDS[0]
+                for name, n in lengths.items():
+                    if n != lengths[first]:
+                        raise RecordError(name, f"has {n} elements but {first} has {lengths[first]}")
+            self._check(known_policies)
+        except RecordError as exc:
+            exc.record_type = self.TYPE
+            exc.args = (f"{self.TYPE}.{exc.field}: {exc.reason}",)
+            raise
+        return self
+
+    def _check(self, known_policies: frozenset[str] | None) -> None:
+        """Cross-field rules of one record type."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {fld.name: getattr(self, fld.name) for fld in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        for fld in dataclasses.fields(self):  # type: ignore[arg-type]
+            a, b = getattr(self, fld.name), getattr(other, fld.name)
+            if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+                if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
+                    return False
+                if a.dtype != b.dtype or not np.array_equal(a, b, equal_nan=a.dtype.kind == "f"):
+                    return False
+            elif a != b:
+                return False
+        return True
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _check_policy(field_name: str, name: str, known: frozenset[str] | None) -> None:
+    if known is not None and name not in known:
+        raise RecordError(field_name, f"unknown policy {name!r}; known: {', '.join(sorted(known))}")
+
+
+@dataclass(eq=False)
+class Task(Record):
+    """A unit of rollout work: one prompt (or environment seed) to run `group_size` times."""
+
+    TYPE: ClassVar[str] = "Task"
+
+    task_id: str = wire(Str())
+    env: str = wire(NAME)
+    roles: dict[str, str] = wire(StrMap())  # role -> policy
+    group_size: int = wire(Int(min=1, max=4096), default=1)
+    prompt: str | None = wire(Optional(Str(max_chars=MAX_TEXT_CHARS, nonempty=False)), default=None)
+    seed: int | None = wire(Optional(Int(min=0, max=2**63 - 1)), default=None)
+    payload: Any = wire(Json(), default_factory=dict)
+    attempt: int = wire(Int(min=0, max=1_000_000), default=0)
+    created_at: float = wire(Float(min=0), default_factory=_now)
+
+    def _check(self, known_policies: frozenset[str] | None) -> None:
+        for role, policy in self.roles.items():
+            _check_policy(f"roles.{role}", policy, known_policies)
+
+    @property
+    def group_id(self) -> str:
+        return group_id(self.task_id, self.attempt)
+
+
+def group_id(task_id: str, attempt: int) -> str:
+    """Deterministic id of the group of trajectories of one task attempt."""
+    return f"{task_id}#{attempt}"
+
+
+def traj_id(task_id: str, attempt: int, index: int) -> str:
+    """Deterministic trajectory id: a re-run of the same task attempt produces the same ids."""
+    return f"{task_id}#{attempt}#{index}"
+
+
+@dataclass(eq=False)
+class Trajectory(Record):
+    """One episode: the whole token stream with, per token, its owner policy, behaviour
+    log-probability and the weight version that generated it."""
+
+    TYPE: ClassVar[str] = "Trajectory"
+    TOKEN_FIELDS: ClassVar[tuple[str, ...]] = ("tokens", "owner", "logprobs", "versions")
+
+    traj_id: str = wire(Str())
+    group_id: str = wire(Str())
+    task_id: str = wire(Str())
+    env: str = wire(NAME)
+    policies: list[str] = wire(StrList())
+    tokens: np.ndarray = wire(Array("int32", min=0), default_factory=_empty_i32)
+    owner: np.ndarray = wire(Array("int8", min=-1), default_factory=lambda: np.zeros(0, np.int8))
+    logprobs: np.ndarray = wire(Array("float32", finite=True, max=0.0), default_factory=lambda: np.zeros(0, np.float32))
+    versions: np.ndarray = wire(Array("int32", min=-1), default_factory=_empty_i32)
+    rewards: dict[str, float] = wire(FloatMap(key=NAME), default_factory=dict)
+    finish_reason: str = wire(Str(choices=FINISH_REASONS), default="stop")
+    error: str | None = wire(Optional(Str(max_chars=4096)), default=None)
+    group_size: int = wire(Int(min=1, max=4096), default=1)
+    sample_index: int = wire(Int(min=0, max=4095), default=0)
+    attempt: int = wire(Int(min=0, max=1_000_000), default=0)
+    worker_id: str = wire(Str(), default="unknown")
+    region: str = wire(Str(), default="local")
+    timings: dict[str, float] = wire(FloatMap(min=0), default_factory=dict)
+    created_at: float = wire(Float(min=0), default_factory=_now)
+
+    def _check(self, known_policies: frozenset[str] | None) -> None:
+        for i, name in enumerate(self.policies):
+            _check_policy(f"policies[{i}]", name, known_policies)
+        if self.owner.size and int(self.owner.max()) >= len(self.policies):
+            raise RecordError("owner", f"owner index {int(self.owner.max())} but only {len(self.policies)} policies")
+        if set(self.rewards) != set(self.policies):
+            raise RecordError("rewards", f"needs exactly one reward per policy {self.policies}, got {sorted(self.rewards)}")
+        if self.sample_index >= self.group_size:
+            raise RecordError("sample_index", f"{self.sample_index} is not below group_size {self.group_size}")
+        generated = self.owner >= 0
+        if np.any(self.versions[generated] < 0):
+            raise RecordError("versions", "every generated token needs a weight version >= 0")
+
+    def policy_mask(self, policy: str) -> np.ndarray:
+        """Boolean mask of the tokens this policy generated."""
+        return self.owner == self.policies.index(policy)
+
+    def min_version(self, policy: str | None = None) -> int:
+        """Oldest weight version among the generated tokens (of one policy, or of all); -1 if none."""
+        mask = self.owner >= 0 if policy is None else self.policy_mask(policy)
+        return int(self.versions[mask].min()) if mask.any() else -1
+
+
+@dataclass(eq=False)
+class Sample(Record):
+    """One policy's view of a trajectory, ready to train: loss mask on that policy's tokens and
+    the advantages computed by the streams stage."""
+
+    TYPE: ClassVar[str] = "Sample"
+    TOKEN_FIELDS: ClassVar[tuple[str, ...]] = ("tokens", "loss_mask", "logprobs", "versions", "advantages")
+
+    policy: str = wire(NAME)
+    traj_id: str = wire(Str())
+    group_id: str = wire(Str())
+    task_id: str = wire(Str())
+    env: str = wire(NAME)
+    tokens: np.ndarray = wire(Array("int32", min=0), default_factory=_empty_i32)
+    loss_mask: np.ndarray = wire(Array("uint8", min=0, max=1), default_factory=lambda: np.zeros(0, np.uint8))
+    logprobs: np.ndarray = wire(Array("float32", finite=True, max=0.0), default_factory=lambda: np.zeros(0, np.float32))
+    versions: np.ndarray = wire(Array("int32", min=-1), default_factory=_empty_i32)
+    advantages: np.ndarray = wire(Array("float32", finite=True), default_factory=lambda: np.zeros(0, np.float32))
+    reward: float = wire(Float(), default=0.0)
+    group_size: int = wire(Int(min=1, max=4096), default=1)
+    group_mean: float = wire(Float(), default=0.0)
+    group_std: float = wire(Float(min=0), default=0.0)
+    finish_reason: str = wire(Str(choices=FINISH_REASONS), default="stop")
+    attempt: int = wire(Int(min=0, max=1_000_000), default=0)
+    replayed: int = wire(Int(min=0, max=1_000_000), default=0)
+    created_at: float = wire(Float(min=0), default_factory=_now)
+
+    def _check(self, known_policies: frozenset[str] | None) -> None:
+        _check_policy("policy", self.policy, known_policies)
+
+    def min_version(self) -> int:
+        mask = self.loss_mask.astype(bool)
+        return int(self.versions[mask].min()) if mask.any() else -1
+
+
+@dataclass(eq=False)
+class WeightVersion(Record):
+    """A new version of one policy's weights in the weight store. Weights never travel in Kafka:
+    only their URIs and checksums do."""
+
+    TYPE: ClassVar[str] = "WeightVersion"
+
+    policy: str = wire(NAME)
+    version: int = wire(Int(min=0))
+    step: int = wire(Int(min=0), default=0)
+    snapshot_version: int = wire(Int(min=0), default=0)
+    snapshot_uri: str = wire(Str(max_chars=4096), default="")
+    snapshot_sha256: str = wire(SHA256, default="0" * 64)
+    snapshot_bytes: int = wire(Int(min=0), default=0)
+    delta_uri: str | None = wire(Optional(Str(max_chars=4096)), default=None)
+    delta_base: int | None = wire(Optional(Int(min=0)), default=None)
+    delta_sha256: str | None = wire(Optional(SHA256), default=None)
+    delta_bytes: int | None = wire(Optional(Int(min=0)), default=None)
+    changed_fraction: float | None = wire(Optional(Float(min=0.0, max=1.0)), default=None)
+    dtype: str = wire(Str(choices=DTYPES), default="bfloat16")
+    created_at: float = wire(Float(min=0), default_factory=_now)
+
+    def _check(self, known_policies: frozenset[str] | None) -> None:
+        _check_policy("policy", self.policy, known_policies)
+        if self.snapshot_version > self.version:
+            raise RecordError("snapshot_version", f"{self.snapshot_version} is after version {self.version}")
+        has_delta = [self.delta_uri is not None, self.delta_base is not None, self.delta_sha256 is not None]
+        if any(has_delta) and not all(has_delta):
+            raise RecordError("delta_uri", "delta_uri, delta_base and delta_sha256 go together")
+        if self.delta_base is not None and self.delta_base >= self.version:
+            raise RecordError("delta_base", f"{self.delta_base} is not before version {self.version}")
+
+
+@dataclass(eq=False)
+class TaskStats(Record):
+    """Running statistics of one task, for selective rollout and curricula."""
+
+    TYPE: ClassVar[str] = "TaskStats"
+
+    task_id: str = wire(Str())
+    env: str = wire(NAME)
+    groups: int = wire(Int(min=0), default=0)
+    samples: int = wire(Int(min=0), default=0)
+    mean_reward: float = wire(Float(), default=0.0)
+    success_rate: float = wire(Float(min=0.0, max=1.0), default=0.0)
+    zero_variance_groups: int = wire(Int(min=0), default=0)
+    last_version: int = wire(Int(min=-1), default=-1)
+    updated_at: float = wire(Float(min=0), default_factory=_now)
+
+
+@dataclass(eq=False)
+class Metric(Record):
+    """A set of named measurements from one component instance at one time."""
+
+    TYPE: ClassVar[str] = "Metric"
+
+    component: str = wire(NAME)
+    id: str = wire(Str())
+    values: dict[str, float] = wire(FloatMap(nonempty=True))
+    region: str = wire(Str(), default="local")
+    step: int = wire(Int(min=-1), default=-1)
+    time: float = wire(Float(min=0), default_factory=_now)
+
+
+@dataclass(eq=False)
+class DeadLetter(Record):
+    """A record a component could not use, with where it came from and why."""
+
+    TYPE: ClassVar[str] = "DeadLetter"
+
+    source_topic: str = wire(Str())
+    partition: int = wire(Int(min=-1))
+    offset: int = wire(Int(min=-1))
+    error: str = wire(Str(max_chars=8192))
+    component: str = wire(Str())
+    raw: bytes = wire(Bytes(), default=b"")
+    key: bytes | None = wire(Optional(Bytes(max_bytes=1 << 16)), default=None)
+    truncated: bool = wire(Bool(), default=False)
+    time: float = wire(Float(min=0), default_factory=_now)
+
+
+RECORD_TYPES: dict[str, type[Record]] = {
+    cls.TYPE: cls for cls in (Task, Trajectory, Sample, WeightVersion, TaskStats, Metric, DeadLetter)
+}

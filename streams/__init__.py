@@ -1,0 +1,1 @@
+"""The streams component: a Faust app of composable data algorithms (trajectories -> samples)."""

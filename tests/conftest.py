@@ -1,0 +1,75 @@
+"""Test fixtures shared by every layer.
+
+The broker: `make test` starts one throw-away Kafka for the whole run and passes its address in
+ASTRAFLOW_TEST_BOOTSTRAP; a bare `pytest` starts its own. If none can be started the broker tests
+fail (never skip). Each test gets its own topic namespace, so tests never see each other's data.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from astraflow.config import KafkaSettings
+
+# Settings of the developer's shell must not leak into tests.
+_SAVED_ENV = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("ASTRAFLOW_") and k not in (
+    "ASTRAFLOW_TEST_BOOTSTRAP", "ASTRAFLOW_HOME", "ASTRAFLOW_LOG_LEVEL")}
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Bootstrap address of a real Kafka broker for this test session."""
+    given = os.environ.get("ASTRAFLOW_TEST_BOOTSTRAP")
+    if given:
+        yield given
+        return
+    from astraflow import broker
+    from astraflow.errors import BrokerError
+
+    data_dir = tmp_path_factory.mktemp("kafka")
+    try:
+        state = broker.start(port=0, data_dir=data_dir)
+    except BrokerError as exc:
+        pytest.fail(f"a broker test needs a real Kafka broker and none could be started: {exc}")
+    try:
+        yield state.bootstrap
+    finally:
+        broker.stop(data_dir)
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def kafka(kafka_bootstrap: str) -> KafkaSettings:
+    """Connection settings with a namespace unique to this test."""
+    return KafkaSettings(bootstrap=kafka_bootstrap, namespace=f"t{uuid.uuid4().hex[:10]}")
+
+
+@pytest.fixture
+def topics(kafka: KafkaSettings):  # type: ignore[no-untyped-def]
+    """Create the topics of topics.yaml in this test's namespace; call with the policies."""
+    from astraflow import topics as topic_spec
+    from astraflow.kafka import make_admin
+
+    def create(policies: list[str] | None = None) -> list[topic_spec.TopicSpec]:
+        specs = topic_spec.expand(topic_spec.load_spec(), policies or ["policy"], kafka)
+        topic_spec.apply(make_admin(kafka), specs)
+        return specs
+
+    return create
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """Environment for child processes of tests: the repo importable, no leaked settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env

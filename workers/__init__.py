@@ -1,0 +1,1 @@
+"""Rollout workers: inference engines, environments and workflows, and the task feeder."""
