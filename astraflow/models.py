@@ -7,7 +7,9 @@ torch and transformers are imported inside the functions: `import astraflow` sta
 
 from __future__ import annotations
 
+import shutil
 import string
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -83,18 +85,19 @@ def init_checkpoint(spec: ModelSpec, out_dir: str | Path) -> Path:
         return out
     tokenizer = build_tokenizer(spec.tokenizer)
     model = build_model(spec, tokenizer)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
+    # Several processes may initialise the same directory at once: each writes a private copy and
+    # the first rename wins; the others find the finished checkpoint and drop theirs.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    tmp.replace(out) if not out.exists() else _move_contents(tmp, out)
+    try:
+        tmp.rename(out)
+    except OSError:
+        if not (out / "config.json").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
-
-
-def _move_contents(src: Path, dst: Path) -> None:
-    for item in src.iterdir():
-        item.replace(dst / item.name)
-    src.rmdir()
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:

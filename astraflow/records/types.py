@@ -211,6 +211,7 @@ class Sample(Record):
     advantages: np.ndarray = wire(Array("float32", finite=True), default_factory=lambda: np.zeros(0, np.float32))
     reward: float = wire(Float(), default=0.0)
     group_size: int = wire(Int(min=1, max=4096), default=1)
+    group_samples: int = wire(Int(min=1, max=4096), default=1)  # samples of this group sent to this policy
     group_mean: float = wire(Float(), default=0.0)
     group_std: float = wire(Float(min=0), default=0.0)
     finish_reason: str = wire(Str(choices=FINISH_REASONS), default="stop")
