@@ -215,4 +215,24 @@ def apply(admin: Any, specs: list[TopicSpec], timeout: float = 30.0) -> ApplyRep
                 fut.result()
     changed = {n for n, *_ in report.grown} | {n for n, _ in report.reconfigured}
     report.unchanged.extend(s.name for s in present if s.name not in changed)
+    if report.created or report.grown:
+        _await_metadata(admin, specs, timeout)
     return report
+
+
+def _await_metadata(admin: Any, specs: list[TopicSpec], timeout: float) -> None:
+    """Wait until the cluster metadata shows every topic with at least its partitions, so that a
+    client started right after `apply` (or a second `apply`) sees the converged state."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        md = admin.list_topics(timeout=timeout)
+        lagging = [s.name for s in specs
+                   if s.name not in md.topics or len(md.topics[s.name].partitions) < s.partitions
+                   or any(p.leader < 0 for p in md.topics[s.name].partitions.values())]
+        if not lagging:
+            return
+        if time.monotonic() > deadline:
+            raise ConfigError(f"topics not ready after {timeout:.0f}s: {', '.join(lagging)}")
+        time.sleep(0.2)

@@ -16,7 +16,7 @@ import msgpack
 import numpy as np
 
 from astraflow.errors import RecordError
-from astraflow.records.fields import MAX_BYTES, MAX_TOKENS
+from astraflow.records.fields import MAX_BYTES, MAX_TOKENS, Array
 from astraflow.records.types import RECORD_TYPES, Record
 
 SCHEMA_VERSION = 1
@@ -62,7 +62,8 @@ def _ext_hook(code: int, data: bytes) -> Any:
 
 
 def encode(record: Record, known_policies: frozenset[str] | None = None) -> bytes:
-    """Validate a record and encode it. Raises RecordError if the record is not valid."""
+    """Validate a record and encode it. Raises RecordError if the record is not valid (it may have
+    been mutated since it was built)."""
     record.validate(known_policies)
     body: dict[str, Any] = {"v": SCHEMA_VERSION, "t": record.TYPE}
     for fld in dataclasses.fields(record):  # type: ignore[arg-type]
@@ -111,5 +112,9 @@ def _build(cls: type[Record], body: dict[str, Any], known_policies: frozenset[st
     for name, fld in fields.items():
         if name not in body and fld.default is dataclasses.MISSING and fld.default_factory is dataclasses.MISSING:
             raise RecordError(name, "required field is missing", cls.TYPE)
-    record = cls(**body)
-    return record.validate(known_policies)
+        if name in body and isinstance(fld.metadata["kind"], Array) and not isinstance(body[name], np.ndarray):
+            # On the wire, token-level arrays are packed buffers, never lists of numbers.
+            raise RecordError(name, f"expected a packed {fld.metadata['kind'].dtype} array (msgpack extension "
+                              f"{EXT_NDARRAY}), got {type(body[name]).__name__}", cls.TYPE)
+    record = cls(**body)  # validates
+    return record.validate(known_policies) if known_policies is not None else record

@@ -58,6 +58,11 @@ class Record:
     #: Fields that must all have the same length (token-level arrays).
     TOKEN_FIELDS: ClassVar[tuple[str, ...]] = ()
 
+    def __post_init__(self) -> None:
+        # A record is valid from birth: construction normalises (lists become typed arrays) and
+        # raises RecordError naming the field, so an invalid record never exists in a component.
+        self.validate()
+
     def validate(self, known_policies: frozenset[str] | None = None) -> Record:
         """Check and normalise every field in place; return self. Raises RecordError."""
         try:

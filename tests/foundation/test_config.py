@@ -1,0 +1,97 @@
+"""Config models: unknown keys name the key and the file; ASTRAFLOW_* variables; client settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from astraflow.config import KafkaSettings, load_recipe
+from astraflow.errors import ConfigError
+from astraflow.kafka import client_config, consumer_config, faust_settings, producer_config
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_unknown_key_is_an_error_naming_key_and_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: x\nfeeder:\n  group_sise: 3\n")
+    with pytest.raises(ConfigError) as info:
+        load_recipe(path)
+    assert str(path) in str(info.value)
+    assert "unknown key 'feeder.group_sise'" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("name: x\npolicies: [{name: 'bad name'}]\n", "policies.0.name"),
+        ("name: x\npolicies: [{name: a}, {name: a}]\n", "unique"),
+        ("name: x\nmodel: {hidden_size: 100, num_heads: 3}\n", "multiple of num_heads"),
+        ("name: x\nmax_staleness: -1\n", "max_staleness"),
+        ("policies: []\n", "missing required key 'name'"),
+        ("name: x\nkafka: {security_protocol: TELNET}\n", "kafka.security_protocol"),
+        ("- just\n- a list\n", "mapping"),
+        ("name: [unclosed\n", "not valid YAML"),
+    ],
+)
+def test_broken_recipes_are_refused_clearly(tmp_path: Path, text: str, words: str) -> None:
+    with pytest.raises(ConfigError, match=None) as info:
+        load_recipe(write(tmp_path, text))
+    assert words in str(info.value)
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_recipe(tmp_path / "nope.yaml")
+
+
+def test_environment_overrides_the_recipe() -> None:
+    env = {"ASTRAFLOW_BOOTSTRAP": "b1:9093,b2:9093", "ASTRAFLOW_SECURITY_PROTOCOL": "SASL_SSL",
+           "ASTRAFLOW_SASL_USERNAME": "eu-worker", "ASTRAFLOW_SASL_PASSWORD": "s3cret",
+           "ASTRAFLOW_SSL_CA_LOCATION": "/etc/ca.pem", "ASTRAFLOW_REGION": "eu-west", "ASTRAFLOW_NAMESPACE": "run7"}
+    s = KafkaSettings.from_env({"bootstrap": "local:9092", "region": "us"}, environ=env)
+    assert s.bootstrap == "b1:9093,b2:9093" and s.region == "eu-west"
+    assert s.topic("samples.solver") == "run7.samples.solver" and s.group("workers") == "run7.workers"
+    conf = client_config(s)
+    assert conf["security.protocol"] == "SASL_SSL"
+    assert conf["sasl.mechanisms"] == "SCRAM-SHA-512"
+    assert conf["sasl.username"] == "eu-worker" and conf["sasl.password"] == "s3cret"
+    assert conf["ssl.ca.location"] == "/etc/ca.pem"
+    assert conf["ssl.endpoint.identification.algorithm"] == "https"
+    assert "s3cret" not in repr(s)
+
+
+def test_bad_environment_value_names_the_source() -> None:
+    with pytest.raises(ConfigError, match="security_protocol"):
+        KafkaSettings.from_env({}, environ={"ASTRAFLOW_SECURITY_PROTOCOL": "SMOKE_SIGNALS"})
+
+
+def test_producer_and_consumer_guarantees() -> None:
+    s = KafkaSettings(bootstrap="h:1", namespace="ns")
+    p = producer_config(s)
+    assert p["enable.idempotence"] is True and p["acks"] == "all"
+    c = consumer_config(s, "workers")
+    assert c["group.id"] == "ns.workers"
+    assert c["enable.auto.offset.store"] is False  # offsets stored only after processing
+    assert c["auto.offset.reset"] == "earliest"
+
+
+def test_faust_gets_the_same_connection() -> None:
+    import ssl
+
+    import faust
+
+    s = KafkaSettings(bootstrap="b1:9093, b2:9093", security_protocol="SASL_SSL", sasl_username="u",
+                      sasl_password="p", ssl_ca_location=ssl.get_default_verify_paths().cafile
+                      or "/etc/ssl/certs/ca-certificates.crt")
+    kw = faust_settings(s)
+    assert kw["broker"] == ["kafka://b1:9093", "kafka://b2:9093"]
+    creds = kw["broker_credentials"]
+    assert isinstance(creds, faust.SASLCredentials)
+    assert creds.username == "u" and creds.mechanism.value == "SCRAM-SHA-512"
+    assert creds.ssl_context.check_hostname is True
+    assert "broker_credentials" not in faust_settings(KafkaSettings(bootstrap="h:1"))

@@ -1,0 +1,237 @@
+"""Wire records: round trips of every record, strict validation, and a fuzz of every decoder."""
+
+from __future__ import annotations
+
+import random
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from astraflow.records import (
+    RECORD_TYPES,
+    SCHEMA_VERSION,
+    Record,
+    RecordError,
+    Sample,
+    Task,
+    Trajectory,
+    decode,
+    encode,
+    group_id,
+    traj_id,
+)
+from tests.foundation.strategies import ALL
+
+
+def make_traj(**over: object) -> Trajectory:
+    base: dict = dict(
+        traj_id=traj_id("t1", 0, 0), group_id=group_id("t1", 0), task_id="t1", env="arithmetic",
+        policies=["solver"], tokens=[5, 6, 7, 8], owner=[-1, -1, 0, 0], logprobs=[0.0, 0.0, -0.5, -1.5],
+        versions=[-1, -1, 3, 4], rewards={"solver": 1.0}, group_size=4, sample_index=0, created_at=1.7e9,
+    )
+    base.update(over)
+    return Trajectory(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_round_trip_every_record(name: str) -> None:
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(ALL[name])
+    def check(record: Record) -> None:
+        data = encode(record)
+        back = decode(data, type(record))
+        assert back == record
+        assert decode(data) == record  # untyped decode finds the type from the tag
+        assert encode(back) == data  # canonical: re-encoding gives the same bytes
+
+    check()
+
+
+def test_token_arrays_travel_as_packed_buffers() -> None:
+    traj = make_traj(tokens=list(range(1024)), owner=[0] * 1024, logprobs=[-0.1] * 1024, versions=[1] * 1024)
+    data = encode(traj)
+    body = msgpack.unpackb(data, raw=False)
+    assert isinstance(body["tokens"], msgpack.ExtType)
+    # 1024 int32 + 1024 int8 + 1024 float32 + 1024 int32 plus headers: no per-element overhead
+    assert 13 * 1024 < len(data) < 13 * 1024 + 600
+    back = decode(data, Trajectory)
+    assert back.tokens.dtype == np.int32 and back.logprobs.dtype == np.float32 and back.owner.dtype == np.int8
+
+
+@pytest.mark.parametrize(
+    ("over", "field", "words"),
+    [
+        ({"tokens": [1, 2, 3]}, "owner", "3"),
+        ({"rewards": {"solver": float("nan")}}, "rewards.solver", "finite"),
+        ({"rewards": {"solver": float("inf")}}, "rewards.solver", "finite"),
+        ({"rewards": {"other": 1.0}}, "rewards", "one reward per policy"),
+        ({"logprobs": [0.0, 0.0, float("nan"), -1.0]}, "logprobs", "finite"),
+        ({"logprobs": [0.0, 0.0, 0.5, -1.0]}, "logprobs", "maximum"),
+        ({"owner": [-1, -1, 0, 1]}, "owner", "only 1 policies"),
+        ({"versions": [-1, -1, -1, 4]}, "versions", "weight version"),
+        ({"tokens": [1.5, 2, 3, 4]}, "tokens", "int32"),
+        ({"tokens": [-1, 2, 3, 4]}, "tokens", "minimum"),
+        ({"env": "no spaces allowed"}, "env", "does not match"),
+        ({"policies": ["a", "a"]}, "policies", "unique"),
+        ({"finish_reason": "exploded"}, "finish_reason", "not one of"),
+        ({"sample_index": 4}, "sample_index", "group_size"),
+        ({"group_size": "8"}, "group_size", "integer"),
+        ({"task_id": ""}, "task_id", "empty"),
+    ],
+)
+def test_invalid_trajectory_names_the_field(over: dict, field: str, words: str) -> None:
+    with pytest.raises(RecordError) as info:
+        encode(make_traj(**over))
+    assert info.value.field == field
+    assert words in str(info.value)
+    assert str(info.value).startswith(f"Trajectory.{field}")
+
+
+def test_known_policies_are_enforced() -> None:
+    data = encode(make_traj())
+    assert decode(data, Trajectory, known_policies=frozenset({"solver"})).policies == ["solver"]
+    with pytest.raises(RecordError, match="unknown policy 'solver'") as info:
+        decode(data, Trajectory, known_policies=frozenset({"verifier"}))
+    assert info.value.field == "policies[0]"
+    task = Task(task_id="t", env="arithmetic", roles={"agent": "ghost"})
+    with pytest.raises(RecordError, match="unknown policy 'ghost'"):
+        encode(task, known_policies=frozenset({"solver"}))
+
+
+def hand_made(**fields: object) -> bytes:
+    body = {"v": SCHEMA_VERSION, "t": "Trajectory"}
+    body.update(fields)
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def test_hand_written_records_with_wrong_types_are_refused() -> None:
+    good = msgpack.unpackb(encode(make_traj()), raw=False)
+    good.pop("v"), good.pop("t")
+    with pytest.raises(RecordError) as info:
+        decode(hand_made(**{**good, "tokens": [1, 2, 3, 4]}), Trajectory)
+    assert info.value.field == "tokens"
+    assert "packed int32 array" in str(info.value)
+
+
+def test_decoder_rejects_wrong_types_missing_fields_versions_and_tags() -> None:
+    good = msgpack.unpackb(encode(make_traj()), raw=False)
+    good.pop("v"), good.pop("t")
+    cases = [
+        (hand_made(**{**good, "rewards": "lots"}), "rewards", "expected a map"),
+        (hand_made(**{**good, "group_size": 2.5}), "group_size", "expected an integer"),
+        (hand_made(**{k: v for k, v in good.items() if k != "task_id"}), "task_id", "missing"),
+        (hand_made(**{**good, "surprise": 1}), "surprise", "unknown field"),
+        (msgpack.packb({**good, "v": 99, "t": "Trajectory"}), "v", "schema version"),
+        (msgpack.packb({**good, "v": SCHEMA_VERSION, "t": "Pickle"}), "t", "unknown record type"),
+        (msgpack.packb([1, 2, 3]), "<bytes>", "map"),
+        (b"\xc1", "<bytes>", "msgpack"),
+        (b"", "<bytes>", "msgpack"),
+    ]
+    for data, field, words in cases:
+        with pytest.raises(RecordError) as info:
+            decode(data, Trajectory)
+        assert info.value.field == field, (field, str(info.value))
+        assert words in str(info.value)
+
+
+def test_array_extension_is_checked() -> None:
+    good = msgpack.unpackb(encode(make_traj()), raw=False)
+    good.pop("v"), good.pop("t")
+    bad_len = msgpack.ExtType(1, bytes([3]) + (10).to_bytes(4, "little") + b"\x00" * 8)
+    bad_code = msgpack.ExtType(1, bytes([99]) + (1).to_bytes(4, "little") + b"\x00")
+    other_ext = msgpack.ExtType(7, b"x")
+    for ext, words in [(bad_len, "carries"), (bad_code, "dtype code"), (other_ext, "extension type")]:
+        with pytest.raises(RecordError, match=words):
+            decode(hand_made(**{**good, "tokens": ext}), Trajectory)
+
+
+def test_records_do_not_decode_as_other_types() -> None:
+    sample = Sample(policy="solver", traj_id="a", group_id="g", task_id="t", env="e")
+    with pytest.raises(RecordError, match="expected a Trajectory record, got Sample"):
+        decode(encode(sample), Trajectory)
+
+
+# ----------------------------------------------------------------------------------------- fuzz
+
+FUZZ_CASES = 12_000
+
+
+def seed_records() -> list[Record]:
+    """One valid record of every type, to mutate."""
+    from astraflow.records import DeadLetter, Metric, TaskStats, WeightVersion
+
+    return [
+        make_traj(),
+        make_traj(policies=["a", "b"], owner=[-1, 0, 1, 1], versions=[-1, 2, 3, 4], rewards={"a": 0.5, "b": -1.0}, error="boom"),
+        Task(task_id="t1", env="arithmetic", roles={"agent": "solver"}, prompt="3+4=", payload={"answer": 7}),
+        Sample(policy="solver", traj_id="t#0#1", group_id="t#0", task_id="t", env="e", tokens=[1, 2, 3],
+               loss_mask=[0, 1, 1], logprobs=[0, -1, -2], versions=[-1, 2, 2], advantages=[0, 0.5, 0.5]),
+        WeightVersion(policy="solver", version=5, snapshot_version=4, snapshot_uri="file:///w/4",
+                      snapshot_sha256="a" * 64, delta_uri="file:///w/5.delta", delta_base=4, delta_sha256="b" * 64,
+                      delta_bytes=100, changed_fraction=0.01),
+        TaskStats(task_id="t1", env="arithmetic", groups=3, samples=24, mean_reward=0.5, success_rate=0.5),
+        Metric(component="worker", id="w1", values={"tokens_per_s": 100.0}),
+        DeadLetter(source_topic="trajectories", partition=1, offset=7, error="bad", component="streams",
+                   raw=b"\x00\x01", key=b"k"),
+    ]
+
+
+def _mutations(rng: random.Random, seeds: list[bytes], n: int) -> list[bytes]:
+    out = []
+    for i in range(n):
+        kind = i % 4
+        if kind == 0:  # pure noise
+            out.append(rng.randbytes(rng.randint(0, 256)))
+        else:
+            data = bytearray(rng.choice(seeds))
+            for _ in range(rng.randint(1, 8)):
+                if not data:
+                    break
+                op = rng.randint(0, 3)
+                pos = rng.randrange(len(data))
+                if op == 0:
+                    data[pos] = rng.randrange(256)  # flip a byte
+                elif op == 1:
+                    del data[pos: pos + rng.randint(1, 16)]  # truncate a span
+                elif op == 2:
+                    data[pos:pos] = rng.randbytes(rng.randint(1, 16))  # insert noise
+                else:
+                    data[pos] ^= 1 << rng.randrange(8)  # flip a bit
+            out.append(bytes(data))
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_fuzz_every_decoder_raises_only_record_error() -> None:
+    """At least 10,000 random and mutated byte strings per decoder: each decodes to a valid record
+    or raises RecordError; nothing else escapes, nothing hangs (the timeout guards that)."""
+    rng = random.Random(20261202)
+    seeds = [encode(r) for r in seed_records()]
+    cases = _mutations(rng, seeds, FUZZ_CASES)
+    decoders = [None, *RECORD_TYPES.values()]
+    outcome = {"decoded": 0, "refused": 0}
+    for cls in decoders:
+        for data in cases:
+            try:
+                record = decode(data, cls)
+            except RecordError:
+                outcome["refused"] += 1
+                continue
+            outcome["decoded"] += 1
+            assert isinstance(record, cls or Record)
+            record.validate()  # what decoded is valid
+    assert outcome["decoded"] + outcome["refused"] == FUZZ_CASES * len(decoders)
+    # both outcomes must be exercised: mutations that keep a record valid, and ones that break it
+    assert outcome["decoded"] > 100 and outcome["refused"] > FUZZ_CASES
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=512))
+def test_fuzz_arbitrary_bytes(data: bytes) -> None:
+    try:
+        decode(data)
+    except RecordError:
+        pass
