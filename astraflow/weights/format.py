@@ -1,0 +1,237 @@
+"""File formats of the weight store: full snapshots and sparse deltas, both safetensors.
+
+A *snapshot* is a safetensors file of a policy's unique tensors (tied weights stored once) in the
+published dtype. A *delta* turns version `base` into `version` bit for bit: for each tensor whose
+raw bits changed it holds
+
+- `<name>::idx`: the sorted flat indices of the changed elements, gap-coded (first element
+  absolute, then differences) in the narrowest of int16/int32/int64 that fits;
+- `<name>::val`: the new values, same dtype as the tensor, copied as raw bits.
+
+Both carry JSON-free string metadata in the safetensors header (format, policy, version, the
+sha256 digest of the complete resulting state, tied-weight aliases) and a delta also names its
+base delta file and that file's sha256, so a chain of deltas is a hash chain: a reader that trusts
+the newest sha256 (from the WeightVersion event) can verify every older link. Either file may be
+zstd-compressed as a whole; readers detect it by the zstd magic number.
+
+Nothing here is pickled: tensors go through safetensors, everything else is strings and JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+SNAPSHOT_FORMAT = "astraflow-snapshot/1"
+DELTA_FORMAT = "astraflow-delta/1"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+IDX, VAL = "::idx", "::val"
+#: Largest decompressed file a reader accepts (a corrupt frame header must not exhaust memory).
+MAX_DECOMPRESSED = 1 << 40
+PUBLISH_DTYPES = ("bfloat16", "float16", "float32")
+
+
+class FormatError(ValueError):
+    """A snapshot or delta file is malformed (callers turn it into WeightIntegrityError)."""
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    if name not in PUBLISH_DTYPES:
+        raise ValueError(f"unsupported weights dtype {name!r}; known: {', '.join(PUBLISH_DTYPES)}")
+    return getattr(torch, name)
+
+
+def int_view(t: torch.Tensor) -> torch.Tensor:
+    """The same memory as signed integers of the same width: comparisons and copies on this view
+    are comparisons and copies of raw bits (NaN payloads and -0.0 included)."""
+    import torch
+
+    by_size = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.view(by_size[t.element_size()])
+
+
+def split_aliases(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Drop tied duplicates (same storage, offset, shape and stride): returns the unique tensors and
+    `{alias: canonical}`. The canonical name is the first in sorted order, so it is stable."""
+    unique: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple[Any, ...], str] = {}
+    for name in sorted(state):
+        t = state[name]
+        ident = (t.device.type, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+                 t.stride(), t.dtype)
+        if t.numel() and ident in seen:
+            aliases[name] = seen[ident]
+        else:
+            seen[ident] = name
+            unique[name] = t
+    return unique, aliases
+
+
+def with_aliases(unique: dict[str, torch.Tensor], aliases: dict[str, str]) -> dict[str, torch.Tensor]:
+    """The full state dict: aliases point at the very tensor of their canonical name."""
+    out = dict(unique)
+    for alias, canonical in aliases.items():
+        out[alias] = unique[canonical]
+    return out
+
+
+def raw_bytes(t: torch.Tensor) -> bytes:
+    import torch
+
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def state_digest(unique: dict[str, torch.Tensor]) -> str:
+    """sha256 over every unique tensor's name, dtype, shape and raw bytes, in sorted name order:
+    two states with this digest are bit-identical."""
+    h = hashlib.sha256()
+    for name in sorted(unique):
+        t = unique[name]
+        h.update(f"{name}\0{str(t.dtype).removeprefix('torch.')}\0{list(t.shape)}\0".encode())
+        h.update(raw_bytes(t))
+    return h.hexdigest()
+
+
+def compress(data: bytes, level: int) -> bytes:
+    if level <= 0:
+        return data
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(data)
+
+
+def decompress(data: bytes) -> bytes:
+    if not data.startswith(ZSTD_MAGIC):
+        return data
+    import zstandard
+
+    try:
+        params = zstandard.get_frame_parameters(data)
+        if params.content_size > MAX_DECOMPRESSED:
+            raise FormatError(f"zstd frame claims {params.content_size} bytes")
+        return zstandard.ZstdDecompressor().decompress(data, max_output_size=MAX_DECOMPRESSED)
+    except zstandard.ZstdError as exc:
+        raise FormatError(f"corrupt zstd data: {exc}") from None
+
+
+def read_metadata(data: bytes) -> dict[str, str]:
+    """The `__metadata__` of an (uncompressed) safetensors buffer."""
+    if len(data) < 8:
+        raise FormatError("shorter than a safetensors header")
+    (n,) = struct.unpack_from("<Q", data)
+    if n > len(data) - 8 or n > 100 << 20:
+        raise FormatError(f"safetensors header of {n} bytes does not fit in {len(data)} bytes")
+    try:
+        header = json.loads(bytes(data[8 : 8 + n]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"safetensors header is not JSON: {exc}") from None
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    if not isinstance(meta, dict):
+        raise FormatError("no astraflow metadata in the safetensors header")
+    return meta
+
+
+def decode_file(data: bytes) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Tensors and parsed metadata of a snapshot or delta file (compressed or not)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    raw = decompress(data)
+    meta = read_metadata(raw)
+    try:
+        tensors = load(raw)
+    except (SafetensorError, ValueError, RuntimeError) as exc:
+        raise FormatError(f"not a valid safetensors file: {exc}") from None
+    parsed: dict[str, Any] = dict(meta)
+    try:
+        for key in ("version", "base", "changed", "total"):
+            if key in meta:
+                parsed[key] = int(meta[key])
+        parsed["aliases"] = json.loads(meta.get("aliases", "{}"))
+    except (ValueError, json.JSONDecodeError) as exc:
+        raise FormatError(f"bad metadata: {exc}") from None
+    if parsed.get("format") not in (SNAPSHOT_FORMAT, DELTA_FORMAT):
+        raise FormatError(f"unknown format {meta.get('format')!r}")
+    return tensors, parsed
+
+
+def encode_snapshot(unique: dict[str, torch.Tensor], aliases: dict[str, str], policy: str, version: int,
+                    digest: str) -> bytes:
+    from safetensors.torch import save
+
+    meta = {"format": SNAPSHOT_FORMAT, "policy": policy, "version": str(version), "state_sha256": digest,
+            "aliases": json.dumps(aliases, sort_keys=True)}
+    return save({k: v.contiguous() for k, v in unique.items()}, metadata=meta)
+
+
+def _gap_code(idx: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    gaps = torch.diff(idx, prepend=idx.new_zeros(1))  # first element stays absolute
+    top = int(gaps.max()) if gaps.numel() else 0
+    for dt in (torch.int16, torch.int32):
+        if top <= torch.iinfo(dt).max:
+            return gaps.to(dt)
+    return gaps
+
+
+def diff_states(old: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int, int]:
+    """Changed elements of `new` against `old` as delta tensors; also (changed, total) counts."""
+    if set(old) != set(new):
+        missing, extra = sorted(set(old) - set(new)), sorted(set(new) - set(old))
+        raise ValueError(f"tensor names changed between versions: missing {missing}, new {extra}")
+    out: dict[str, torch.Tensor] = {}
+    changed = total = 0
+    for name in sorted(new):
+        a, b = old[name], new[name]
+        if a.shape != b.shape or a.dtype != b.dtype:
+            raise ValueError(f"{name}: {a.dtype}{list(a.shape)} became {b.dtype}{list(b.shape)}")
+        flat_new = int_view(b.contiguous()).reshape(-1)
+        idx = (int_view(a.contiguous()).reshape(-1) != flat_new).nonzero().reshape(-1)
+        total += b.numel()
+        if idx.numel():
+            changed += idx.numel()
+            out[name + IDX] = _gap_code(idx)
+            out[name + VAL] = b.contiguous().reshape(-1)[idx].clone()
+    return out, changed, total
+
+
+def encode_delta(tensors: dict[str, torch.Tensor], aliases: dict[str, str], policy: str, version: int,
+                 base: int, base_delta: str, base_delta_sha256: str, digest: str, changed: int,
+                 total: int) -> bytes:
+    from safetensors.torch import save
+
+    meta = {"format": DELTA_FORMAT, "policy": policy, "version": str(version), "base": str(base),
+            "base_delta": base_delta, "base_delta_sha256": base_delta_sha256, "state_sha256": digest,
+            "changed": str(changed), "total": str(total), "aliases": json.dumps(aliases, sort_keys=True)}
+    return save(tensors, metadata=meta)
+
+
+def apply_delta(unique: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor]) -> None:
+    """Apply one delta in place to `unique` (which the caller owns). Raises FormatError if the delta
+    does not fit the state (unknown tensor, wrong dtype, index out of range)."""
+    import torch
+
+    names = {k[: -len(IDX)] for k in tensors if k.endswith(IDX)}
+    if len(names) * 2 != len(tensors) or any(n + VAL not in tensors for n in names):
+        raise FormatError("delta tensors do not come in <name>::idx / <name>::val pairs")
+    for name in sorted(names):
+        if name not in unique:
+            raise FormatError(f"delta changes {name!r}, which the base state does not have")
+        target, val = unique[name], tensors[name + VAL]
+        idx = torch.cumsum(tensors[name + IDX].to(torch.int64), 0)
+        if val.dtype != target.dtype or val.numel() != idx.numel():
+            raise FormatError(f"{name}: {val.numel()} {val.dtype} values for {idx.numel()} indices into "
+                              f"{target.dtype}")
+        if idx.numel() and (int(idx[0]) < 0 or int(idx[-1]) >= target.numel()
+                            or (idx.numel() > 1 and bool((idx[1:] <= idx[:-1]).any()))):
+            raise FormatError(f"{name}: indices are not increasing within [0, {target.numel()})")
+        int_view(target).reshape(-1)[idx] = int_view(val)
