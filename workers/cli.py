@@ -3,9 +3,50 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+
+RunDir = Annotated[Path | None, typer.Option("--run-dir", help="Run directory (default: recipe.run.dir).")]
+Bootstrap = Annotated[str | None, typer.Option(help="Kafka bootstrap servers (default: recipe, "
+                                                    "ASTRAFLOW_BOOTSTRAP, or the local broker).")]
+
+
+def _setup(recipe_path: Path, run_dir: Path | None, bootstrap: str | None) -> tuple[Any, Path, Any]:
+    """Recipe, run directory and resolved Kafka settings; names in the recipe checked first."""
+    from astraflow.config import load_recipe
+    from astraflow.kafka import resolve
+
+    recipe = load_recipe(recipe_path)
+    check_recipe(recipe)
+    rd = run_dir or Path(recipe.run.dir.replace("{name}", recipe.name))
+    base = recipe.kafka
+    if bootstrap:
+        import os
+
+        os.environ.pop("ASTRAFLOW_BOOTSTRAP", None)
+        base = base.model_copy(update={"bootstrap": bootstrap})
+    return recipe, rd, resolve(base)
+
+
+def check_recipe(recipe: Any) -> None:
+    """Fail at load time on names the workers' registries do not know."""
+    from workers.engines import check_engine
+    from workers.registry import environment_class, workflow_class
+
+    check_engine(recipe.worker.engine)
+    env_cls = environment_class(recipe.feeder.env)
+    env_cls(**recipe.feeder.env_args)
+    for name in recipe.worker.env_args:
+        environment_class(name)
+    wf_cls = workflow_class(recipe.worker.workflow or env_cls.default_workflow)
+    wf_cls(**recipe.worker.workflow_args)
+    if recipe.feeder.roles:
+        unknown = sorted(set(recipe.feeder.roles.values()) - set(recipe.policy_names))
+        if unknown:
+            from astraflow.errors import ConfigError
+
+            raise ConfigError(f"feeder.roles names unknown policies {unknown}; the recipe has {recipe.policy_names}")
 
 
 def register(app: typer.Typer) -> None:
@@ -14,19 +55,33 @@ def register(app: typer.Typer) -> None:
         recipe: Annotated[Path, typer.Option("--recipe", "-r", help="Recipe YAML.")],
         region: Annotated[str | None, typer.Option(help="Region of this worker (default: ASTRAFLOW_REGION).")] = None,
         id: Annotated[str | None, typer.Option("--id", help="Worker id (default: host and PID).")] = None,
+        run_dir: RunDir = None,
+        bootstrap: Bootstrap = None,
     ) -> None:
         """Run a rollout worker: consume tasks, run episodes, publish trajectories."""
-        raise typer.Exit(_not_yet("worker"))
+        import asyncio
+
+        from transformers.utils import logging as hf_logging
+
+        from workers.worker import Worker
+
+        hf_logging.disable_progress_bar()
+        cfg, rd, settings = _setup(recipe, run_dir, bootstrap)
+        asyncio.run(Worker(cfg, rd, settings, worker_id=id, region=region).run())
 
     @app.command("feed")
     def feed(
         recipe: Annotated[Path, typer.Option("--recipe", "-r", help="Recipe YAML.")],
         jsonl: Annotated[Path | None, typer.Option(help="Tasks from a JSONL file instead of the generator.")] = None,
+        run_dir: RunDir = None,
+        bootstrap: Bootstrap = None,
+        max_tasks: Annotated[int | None, typer.Option(help="Stop after this many tasks (overrides the recipe).")] = None,
     ) -> None:
-        """Write tasks to the `tasks` topic, with admission control."""
-        raise typer.Exit(_not_yet("feed"))
+        """Write tasks to the `tasks` topic, with admission control and selective rollout."""
+        from workers.feeder import Feeder
 
-
-def _not_yet(name: str) -> int:
-    typer.echo(f"`astraflow {name}` arrives with the workers issue (#3)", err=True)
-    return 2
+        cfg, rd, settings = _setup(recipe, run_dir, bootstrap)
+        if max_tasks is not None:
+            cfg = cfg.model_copy(update={"feeder": cfg.feeder.model_copy(update={"max_tasks": max_tasks})})
+        n = Feeder(cfg, rd, settings, jsonl=jsonl).run()
+        typer.echo(f"fed {n} tasks", err=True)

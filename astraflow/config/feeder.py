@@ -9,18 +9,44 @@ from pydantic import Field
 from astraflow.config.base import StrictModel
 
 
+class SelectiveConfig(StrictModel):
+    """Selective rollout: skip tasks whose statistics say they teach nothing."""
+
+    enabled: bool = False
+    """Read `task-stats` and skip tasks that are always or never solved."""
+    min_groups: int = Field(default=2, ge=1)
+    """Groups a task needs before its statistics are trusted."""
+    solved_above: float = Field(default=0.99, ge=0.0, le=1.0)
+    """A task whose success rate is at least this is `always solved`."""
+    unsolved_below: float = Field(default=0.01, ge=0.0, le=1.0)
+    """A task whose success rate is at most this is `never solved`."""
+    keep_fraction: float = Field(default=0.1, ge=0.0, le=1.0)
+    """Floor: this fraction of skippable tasks is fed anyway (their statistics can change)."""
+    max_skips_in_row: int = Field(default=32, ge=1)
+    """Floor: after this many skips in a row the next task is fed whatever its statistics."""
+
+
 class FeederConfig(StrictModel):
     """Where tasks come from and how fast they are admitted."""
 
     env: str = "arithmetic"
     """Registered environment whose generator makes the tasks (ignored when `jsonl` is set)."""
     env_args: dict[str, Any] = Field(default_factory=dict)
-    """Arguments of the environment's task generator."""
+    """Arguments of the environment (its generator, and its scoring at the workers)."""
     jsonl: str | None = None
-    """A JSONL file of tasks to feed instead of a generator."""
+    """A JSONL file of tasks to feed instead of a generator (one JSON object a line: env, prompt,
+    payload, optional task_id, seed, roles, group_size)."""
     group_size: int = Field(default=8, ge=1, le=4096)
-    """Trajectories per task (the GRPO group)."""
+    """Episodes per task (the GRPO group)."""
+    roles: dict[str, str] | None = None
+    """Role -> policy of every task; None: the workflow's roles over the recipe's policies in order."""
     max_tasks: int | None = Field(default=None, ge=1)
     """Stop after this many tasks (None: run until stopped)."""
     seed: int = 0
-    """Seed of the task generator."""
+    """Seed of the task generator (and part of every task id)."""
+    admission: bool = True
+    """Keep at most (max_staleness + 1) x trainer.batch_groups groups ahead of the slowest trainer."""
+    selective: SelectiveConfig = SelectiveConfig()
+    """Selective rollout from `task-stats`."""
+    poll_s: float = Field(default=0.2, gt=0.0, le=60.0)
+    """How often a blocked feeder re-reads trainer progress."""

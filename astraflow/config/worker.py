@@ -1,4 +1,8 @@
-"""Config of the rollout workers (`astraflow worker`). Owned by the workers component."""
+"""Config of the rollout workers (`astraflow worker`). Owned by the workers component.
+
+Names of environments, workflows and engines are checked against the workers' registries when a
+worker or the feeder loads the recipe (this module cannot import the component).
+"""
 
 from __future__ import annotations
 
@@ -15,18 +19,37 @@ class EngineConfig(StrictModel):
     type: str = "torch"
     """`torch` (local transformers model) or `sglang` (HTTP client of an SGLang server)."""
     args: dict[str, Any] = Field(default_factory=dict)
-    """Engine-specific arguments."""
+    """Engine-specific arguments. torch: device (cpu, cuda), dtype (float32, bfloat16), max_batch,
+    attn_implementation, seed. sglang: url (one server for every policy) or urls (policy -> url),
+    timeout_s, pause (pause/continue generation around weight updates), flush_cache."""
 
 
 class WorkerConfig(StrictModel):
     """What a rollout worker runs and how much at once."""
 
-    workflow: str = "single_turn"
-    """Registered workflow (episode program)."""
+    workflow: str | None = None
+    """Registered workflow (episode program); None: the task environment's default (`agent` for
+    single-policy environments, `referential_game` for the referential game)."""
+    workflow_args: dict[str, Any] = Field(default_factory=dict)
+    """Arguments of the workflow."""
+    env_args: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Run-time arguments per environment name (e.g. `{search: {tool_latency_s: 0.05}}`), applied
+    over the feeder's `env_args` for the feeder's environment."""
     engine: EngineConfig = EngineConfig()
     """Inference engine used for every role."""
+    temperature: float = Field(default=1.0, ge=0.0, le=10.0)
+    """Sampling temperature (0: greedy)."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass."""
     max_episodes: int = Field(default=16, ge=1, le=4096)
     """Episodes in flight at once in one worker."""
+    group: str = "workers"
+    """Base name of the consumer group on `tasks` (namespaced like topics)."""
+    drain_timeout_s: float = Field(default=30.0, ge=0.0, le=3600.0)
+    """On SIGTERM, how long in-flight episodes may run on before they are released (not committed,
+    so another worker re-runs them)."""
+    metrics_every_s: float = Field(default=5.0, gt=0.0, le=3600.0)
+    """Period of the worker's Metric records."""
     count: int = Field(default=1, ge=0, le=256)
     """Workers `astraflow run` starts."""
     regions: list[str] = Field(default_factory=lambda: ["local"])

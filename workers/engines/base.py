@@ -1,0 +1,63 @@
+"""The one interface every inference engine offers the workflows.
+
+Token ids in; token ids, behaviour log-probs and per-token weight versions out. Workflows never see
+text from an engine, so multi-turn episodes stay token-in, token-out. Engines: `torch` (a local
+KV-cache sampler) and `sglang` (an HTTP client of an SGLang server), chosen by `worker.engine.type`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 16
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class GenResult:
+    """What an engine generated for one request. The stop token, when one ended the request, is
+    included in `tokens` (it was sampled, so it is trained on)."""
+
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish_reason: str = "length"  # stop | length | aborted
+
+
+class Engine(Protocol):
+    """An inference engine serving one policy."""
+
+    policy: str
+
+    @property
+    def version(self) -> int:
+        """Weight version the next decode step will use."""
+
+    async def generate(self, prompt: Sequence[int], params: SamplingParams) -> GenResult:
+        """Continue `prompt` (token ids). Cancelling the awaiting task aborts the request."""
+
+    async def update_weights(self, state: Mapping[str, torch.Tensor], version: int,
+                             source: str | None = None) -> None:
+        """Load new weights between decode steps; tokens after it carry `version`. `source` is a
+        checkpoint directory for engines that load from disk (SGLang)."""
+
+    async def close(self) -> None:
+        """Abort what is in flight and release resources."""

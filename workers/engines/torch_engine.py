@@ -1,0 +1,262 @@
+"""`torch` engine: a local transformers model behind a batching KV-cache sampling loop.
+
+Episodes (asyncio tasks of the worker) submit requests; one engine thread gathers whatever is
+pending into a batch (a "wave"), prefills it left-padded, then decodes all rows together, dropping
+rows from the KV cache as they finish. Between two decode steps it applies pending weight updates, so
+one trajectory may span several versions; every token records the version whose forward pass
+produced its distribution, and the log-prob of the distribution it was drawn from (temperature and
+top-p applied, see `sampling.py`). CPU or CUDA, float32 or bfloat16 (log-probs are computed in float32).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from astraflow.errors import AstraFlowError
+from workers.engines.base import GenResult, SamplingParams
+from workers.engines.sampling import sample, sampling_logprobs
+
+log = logging.getLogger(__name__)
+
+
+class WeightLoadError(AstraFlowError):
+    """A weight update does not fit the engine's model (names or shapes)."""
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[GenResult]
+    result: GenResult = field(default_factory=GenResult)
+    cancelled: bool = False
+
+
+def _resolve(fut: asyncio.Future[Any], value: Any = None, exc: BaseException | None = None) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(value)
+
+
+class TorchEngine:
+    """Serves one policy from a local checkpoint directory (transformers layout)."""
+
+    def __init__(self, policy: str, model_path: str, *, device: str = "cpu", dtype: str = "float32",
+                 max_batch: int = 64, seed: int = 0, version: int = 0, attn_implementation: str = "sdpa") -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.policy = policy
+        self.device = torch.device(device)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=getattr(torch, dtype), attn_implementation=attn_implementation
+        ).to(self.device).eval()
+        cfg = self.model.config
+        self.max_positions = int(cfg.max_position_embeddings)
+        self.pad_id = int(cfg.pad_token_id if cfg.pad_token_id is not None else 0)
+        self.max_batch = max_batch
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+        self._version = version
+        self._pending: deque[_Request] = deque()
+        self._updates: deque[tuple[Mapping[str, torch.Tensor], int, Callable[[BaseException | None], None]]] = deque()
+        self._cv = threading.Condition()
+        self._closed = False
+        #: called in the engine thread before every forward pass with the number of passes so far
+        self.step_hook: Callable[[int], None] | None = None
+        self.forwards = 0
+        self.tokens_generated = 0
+        self._thread = threading.Thread(target=self._run, name=f"torch-engine-{policy}", daemon=True)
+        self._thread.start()
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    # ------------------------------------------------------------------ API (event-loop side)
+
+    async def generate(self, prompt: Sequence[int], params: SamplingParams) -> GenResult:
+        if not prompt:
+            raise ValueError("a generation request needs at least one prompt token")
+        loop = asyncio.get_running_loop()
+        req = _Request([int(t) for t in prompt], params, loop, loop.create_future())
+        with self._cv:
+            if self._closed:
+                raise AstraFlowError(f"engine of {self.policy} is closed")
+            self._pending.append(req)
+            self._cv.notify()
+        try:
+            return await req.future
+        except asyncio.CancelledError:
+            req.cancelled = True  # the engine thread drops the row at its next step
+            raise
+
+    async def update_weights(self, state: Mapping[str, torch.Tensor], version: int,
+                             source: str | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+
+        def done(exc: BaseException | None) -> None:
+            loop.call_soon_threadsafe(_resolve, fut, None, exc)
+
+        self.queue_update(state, version, done)
+        await fut
+
+    def queue_update(self, state: Mapping[str, torch.Tensor], version: int,
+                     done: Callable[[BaseException | None], None] | None = None) -> None:
+        """Thread-safe: load `state` as `version` before the next forward pass."""
+        with self._cv:
+            self._updates.append((state, version, done or (lambda exc: None)))
+            self._cv.notify()
+
+    async def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        await asyncio.to_thread(self._thread.join, 30)
+
+    # ------------------------------------------------------------------ engine thread
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._pending and not self._updates and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    break
+                batch: list[_Request] = []
+                while self._pending and len(batch) < self.max_batch:
+                    req = self._pending.popleft()
+                    if not req.cancelled:
+                        batch.append(req)
+            self._apply_updates()
+            if batch:
+                try:
+                    self._wave(batch)
+                except Exception as exc:  # a bug or an OOM fails this wave's requests, not the worker
+                    log.exception("engine %s: wave of %d requests failed", self.policy, len(batch))
+                    for req in batch:
+                        req.loop.call_soon_threadsafe(_resolve, req.future, None, exc)
+        with self._cv:
+            leftover = list(self._pending)
+            self._pending.clear()
+        for req in leftover:
+            req.result.finish_reason = "aborted"
+            req.loop.call_soon_threadsafe(_resolve, req.future, req.result)
+
+    def _apply_updates(self) -> None:
+        while True:
+            with self._cv:
+                if not self._updates:
+                    return
+                state, version, done = self._updates.popleft()
+            try:
+                self._load(state)
+            except Exception as exc:
+                log.error("engine %s: refused weights of version %d: %s", self.policy, version, exc)
+                done(exc)
+                continue
+            self._version = version
+            done(None)
+
+    @torch.no_grad()
+    def _load(self, state: Mapping[str, torch.Tensor]) -> None:
+        # state_dict(keep_vars=True) names tied tensors under every alias (lm_head.weight too)
+        params = self.model.state_dict(keep_vars=True)
+        unknown = sorted(set(state) - set(params))
+        if unknown:
+            raise WeightLoadError(f"unknown tensors {unknown[:3]} for this model")
+        optional = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
+        optional |= {n for n, _ in self.model.named_buffers()}
+        missing = sorted(set(params) - set(state) - optional)
+        if missing:
+            raise WeightLoadError(f"missing tensors {missing[:3]}")
+        for name, tensor in state.items():
+            if tuple(tensor.shape) != tuple(params[name].shape):
+                raise WeightLoadError(f"{name}: shape {tuple(tensor.shape)} != {tuple(params[name].shape)}")
+        for name, tensor in state.items():
+            params[name].data.copy_(tensor)
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
+        if self.step_hook is not None:
+            self.step_hook(self.forwards)
+        self._apply_updates()
+        self.forwards += 1
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                         use_cache=True)
+        return out.logits[:, -1, :]
+
+    @torch.inference_mode()
+    def _wave(self, batch: list[_Request]) -> None:
+        from transformers import DynamicCache
+
+        rows: list[_Request] = []
+        budget: list[int] = []
+        for req in batch:
+            room = min(req.params.max_tokens, self.max_positions - len(req.prompt))
+            if room <= 0:  # the context is already full: nothing can be generated
+                req.loop.call_soon_threadsafe(_resolve, req.future, req.result)
+                continue
+            rows.append(req)
+            budget.append(room)
+        if not rows:
+            return
+        dev = self.device
+        width = max(len(r.prompt) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r.prompt):] = torch.tensor(r.prompt)
+            mask[i, width - len(r.prompt):] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        temps = torch.tensor([r.params.temperature for r in rows], device=dev)
+        tops = torch.tensor([r.params.top_p for r in rows], device=dev)
+        cache = DynamicCache()
+        logits = self._forward(ids, mask, pos, cache)
+        version = self._version
+        last_pos = pos[:, -1]
+        while True:
+            logp = sampling_logprobs(logits, temps, tops)
+            tokens, lps = sample(logp, self.generator)
+            tok_list, lp_list = tokens.tolist(), lps.tolist()
+            keep: list[int] = []
+            for i, r in enumerate(rows):
+                res = r.result
+                res.tokens.append(tok_list[i])
+                res.logprobs.append(lp_list[i])
+                res.versions.append(version)
+                if r.cancelled:
+                    res.finish_reason = "aborted"
+                elif tok_list[i] in r.params.stop_token_ids:
+                    res.finish_reason = "stop"
+                elif len(res.tokens) >= budget[i]:
+                    res.finish_reason = "length"
+                else:
+                    keep.append(i)
+                    continue
+                r.loop.call_soon_threadsafe(_resolve, r.future, res)
+            self.tokens_generated += len(rows)
+            if not keep:
+                return
+            if len(keep) < len(rows):
+                idx = torch.tensor(keep, device=dev)
+                cache.batch_select_indices(idx)
+                rows = [rows[i] for i in keep]
+                budget = [budget[i] for i in keep]
+                tokens, mask, last_pos, temps, tops = (t[idx] for t in (tokens, mask, last_pos, temps, tops))
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            last_pos = last_pos + 1
+            logits = self._forward(tokens.unsqueeze(-1), mask, last_pos.unsqueeze(-1), cache)
+            version = self._version

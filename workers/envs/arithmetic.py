@@ -1,0 +1,64 @@
+"""`arithmetic`: single-turn sums, the paper's math workload in miniature.
+
+Prompt `3+4=`; the model answers with digits. Reward 1 when the generated token ids are exactly the
+answer's (then <eos> when `require_eos`), else 0. The default (`max_operand` 4, `+` only, answers of
+one digit, no <eos> required) is the shape DESIGN.md reports a tiny model learns from scratch.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+from pydantic import Field
+
+from astraflow.config import StrictModel
+from astraflow.records import Task
+from workers.envs.base import Codec, Environment, Step, TaskSpec, cycle_pool
+
+OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+class ArithmeticEnv(Environment):
+    name = "arithmetic"
+
+    class Args(StrictModel):
+        """Arguments of `arithmetic`."""
+
+        max_operand: int = Field(default=4, ge=1, le=999)
+        """Operands are drawn from 0..max_operand."""
+        ops: str = "+"
+        """Operators to use, among `+-*` (subtraction keeps results non-negative)."""
+        require_eos: bool = False
+        """Also require <eos> right after the answer (harder for a tiny model)."""
+
+    def tasks(self, seed: int) -> Iterator[tuple[TaskSpec, int]]:
+        pool = []
+        for op in self.args.ops:
+            if op not in OPS:
+                raise ValueError(f"unknown operator {op!r}; known: {''.join(OPS)}")
+            for a in range(self.args.max_operand + 1):
+                for b in range(self.args.max_operand + 1):
+                    if op == "-" and b > a:
+                        continue
+                    answer = str(OPS[op](a, b))
+                    pool.append(TaskSpec(key=f"{a}{op}{b}", prompt=f"{a}{op}{b}=", payload={"answer": answer}))
+        return cycle_pool(pool, seed)
+
+    def reset(self, task: Task, codec: Codec, rng: random.Random) -> tuple[Any, str]:
+        if not task.prompt or "answer" not in task.payload:
+            raise ValueError("an arithmetic task needs a prompt and payload.answer")
+        return {"answer": str(task.payload["answer"])}, task.prompt
+
+    def turn_params(self, state: Any, codec: Codec) -> dict[str, Any]:
+        n = len(codec.ids(state["answer"]))
+        return {"max_tokens": n + (1 if self.args.require_eos else 0), "stop_token_ids": (codec.eos,)}
+
+    def correct(self, state: Any, action: list[int], codec: Codec) -> bool:
+        want = codec.ids(state["answer"]) + ([codec.eos] if self.args.require_eos else [])
+        return list(action) == want
+
+    async def step(self, state: Any, action: list[int], codec: Codec) -> Step:
+        ok = self.correct(state, action, codec)
+        return Step(reward=1.0 if ok else 0.0, done=True, info={"correct": ok})

@@ -1,0 +1,67 @@
+"""`code`: the agent writes a Python function; hidden tests in a sandbox give the reward.
+
+Prompt: a one-line spec and the function head (`#f(x)=x*3\ndef f(x):\n return `); the model writes
+the rest of the function until <eos>. The program is the head plus the model's text; the reward is the
+fraction of hidden tests it passes in `workers.envs.sandbox` (CPU, memory and wall-clock limits, no
+network, a temporary directory). Broken, slow or hostile programs score 0, and the reason is kept.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+from pydantic import Field
+
+from astraflow.config import StrictModel
+from astraflow.records import Task
+from workers.envs.base import Codec, Environment, Step, TaskSpec, cycle_pool
+from workers.envs.sandbox import Limits, run_tests
+
+HEAD = "def f(x):\n return "
+INPUTS = (0, 1, 2, 5, 7, -3, 10)
+FORMS = ("x+{k}", "x*{k}", "x-{k}", "x%{k}", "x//{k}", "{k}*x+1", "x*x+{k}", "max(x,{k})")
+
+
+class CodeEnv(Environment):
+    name = "code"
+
+    class Args(StrictModel):
+        """Arguments of `code`."""
+
+        max_tokens: int = Field(default=32, ge=1, le=4096)
+        """Longest program body the model may write."""
+        cpu_s: float = Field(default=2.0, gt=0, le=60)
+        """CPU-time limit of one test run."""
+        memory_mb: int = Field(default=256, ge=32, le=16384)
+        """Address-space limit of the sandbox process."""
+        wall_s: float = Field(default=5.0, gt=0, le=300)
+        """Wall-clock limit of one test run (the process group is killed after it)."""
+
+    def tasks(self, seed: int) -> Iterator[tuple[TaskSpec, int]]:
+        pool = []
+        for form in FORMS:
+            for k in range(2, 10):
+                expr = form.format(k=k)
+                tests = [[[x], eval(expr, {"__builtins__": {"max": max}}, {"x": x})] for x in INPUTS]
+                pool.append(TaskSpec(key=expr, prompt=f"#f(x)={expr}\n{HEAD}",
+                                     payload={"func": "f", "head": HEAD, "tests": tests}))
+        return cycle_pool(pool, seed)
+
+    def reset(self, task: Task, codec: Codec, rng: random.Random) -> tuple[Any, str]:
+        p = task.payload
+        if not isinstance(p.get("tests"), list) or not task.prompt:
+            raise ValueError("a code task needs a prompt and payload.tests ([[args, expected], ...])")
+        return {"func": p.get("func", "f"), "head": p.get("head", HEAD), "tests": p["tests"]}, task.prompt
+
+    def turn_params(self, state: Any, codec: Codec) -> dict[str, Any]:
+        return {"max_tokens": self.args.max_tokens, "stop_token_ids": (codec.eos,)}
+
+    async def step(self, state: Any, action: list[int], codec: Codec) -> Step:
+        source = state["head"] + codec.text(action) + "\n"
+        limits = Limits(cpu_s=self.args.cpu_s, memory_mb=self.args.memory_mb, wall_s=self.args.wall_s)
+        result = await run_tests(source, state["func"], state["tests"], limits)
+        return Step(reward=result.score, done=True,
+                    info={"passed": result.passed, "total": result.total, "reason": result.reason,
+                          "truncated": codec.eos not in action})

@@ -1,0 +1,241 @@
+"""`astraflow feed`: writes Tasks to the `tasks` topic, as fast as the trainers can use them.
+
+Sources: an environment's generator (deterministic: the same seed gives the same tasks, ids and
+attempts) or a JSONL file. Two controls sit between the source and the topic:
+- admission: at most (max_staleness + 1) x trainer.batch_groups groups may be ahead of the slowest
+  trainer. Trainer progress is WeightVersion.step x batch_groups (the compacted `weights` topic);
+  groups the streams stage dropped as zero-variance (`task-stats`) count as consumed too. Groups
+  published so far are the records in `tasks`, so a restarted feeder keeps the same budget.
+- selective rollout (`feeder.selective`): tasks whose TaskStats say they are always or never solved
+  are skipped, except a `keep_fraction` of them and any task after `max_skips_in_row` skips.
+A restarted feeder resumes its generator where it stopped (`<run_dir>/feeder/state.json`).
+
+Metrics (component `feeder`): feeder.published, feeder.skipped, feeder.blocked_s, feeder.ahead,
+feeder.trainer_groups, feeder.deadletters.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import random
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from astraflow.config import KafkaSettings, Recipe
+from astraflow.errors import AstraFlowError, ConfigError
+from astraflow.kafka import DeadLetters, Publisher, consumer_config
+from astraflow.metrics import MetricsReporter
+from astraflow.records import RecordError, Task, TaskStats, WeightVersion, decode
+from workers.registry import environment_class, workflow_class
+
+log = logging.getLogger(__name__)
+
+
+def default_roles(recipe: Recipe, env_name: str) -> dict[str, str]:
+    """The feeder's roles, or the workflow's roles over the recipe's policies in order."""
+    if recipe.feeder.roles:
+        return dict(recipe.feeder.roles)
+    env_cls = environment_class(env_name)
+    wf_cls = workflow_class(recipe.worker.workflow or env_cls.default_workflow)
+    names = recipe.policy_names
+    return {role: names[i % len(names)] for i, role in enumerate(wf_cls.roles)}
+
+
+def generated_tasks(recipe: Recipe) -> Iterator[Task]:
+    """The generator's endless, deterministic stream of Tasks."""
+    cfg = recipe.feeder
+    env = environment_class(cfg.env)(**cfg.env_args)
+    roles = default_roles(recipe, cfg.env)
+    for spec, attempt in env.tasks(cfg.seed):
+        yield Task(task_id=f"{cfg.env}-s{cfg.seed}-{spec.key}", env=cfg.env, roles=roles,
+                   group_size=cfg.group_size, prompt=spec.prompt, seed=spec.seed, payload=spec.payload,
+                   attempt=attempt)
+
+
+def jsonl_tasks(recipe: Recipe, path: Path, dead: DeadLetters | None = None) -> Iterator[Task]:
+    """Tasks of a JSONL file; a bad line is dead-lettered (file, line number, reason) and skipped."""
+    cfg = recipe.feeder
+    known = frozenset(recipe.policy_names)
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw)
+                if not isinstance(row, dict):
+                    raise ValueError("expected a JSON object")
+                env = row.get("env", cfg.env)
+                environment_class(env)
+                task = Task(task_id=str(row.get("task_id") or f"{path.stem}-{lineno}"), env=env,
+                            roles=row.get("roles") or default_roles(recipe, env),
+                            group_size=int(row.get("group_size", cfg.group_size)), prompt=row.get("prompt"),
+                            seed=row.get("seed"), payload=row.get("payload", {}), attempt=int(row.get("attempt", 0)))
+                task.validate(known)
+            except (ValueError, TypeError, RecordError, ConfigError) as exc:
+                msg = f"{path}:{lineno}: {exc}"
+                if dead is None:
+                    raise ConfigError(msg) from None
+                dead.publish(str(path), -1, lineno, None, raw, msg)
+                continue
+            yield task
+
+
+class Feeder:
+    def __init__(self, recipe: Recipe, run_dir: Path, settings: KafkaSettings, jsonl: Path | None = None) -> None:
+        self.recipe = recipe
+        self.cfg = recipe.feeder
+        self.run_dir = Path(run_dir)
+        self.settings = settings
+        self.jsonl = Path(jsonl) if jsonl else (Path(self.cfg.jsonl) if self.cfg.jsonl else None)
+        self.state_file = self.run_dir / "feeder" / "state.json"
+        self.steps: dict[str, int] = {}
+        self.stats: dict[str, TaskStats] = {}
+        self.stopping = False
+        self.published = 0
+        self.counts = {"published": 0, "skipped": 0, "deadletters": 0}
+        self.blocked_s = 0.0
+        self.rng = random.Random(f"selective:{self.cfg.seed}")
+        self.skips_in_row = 0
+
+    # ------------------------------------------------------------------ progress
+
+    def _open_readers(self) -> Any:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        consumer = Consumer(consumer_config(self.settings, f"feeder-reader-{uuid.uuid4().hex[:8]}",
+                                            **{"enable.auto.commit": False}))
+        names = [self.settings.topic("weights")]
+        if self.cfg.selective.enabled:
+            names.append(self.settings.topic("task-stats"))
+        parts = []
+        md = consumer.list_topics(timeout=15)
+        for name in names + [self.settings.topic("tasks")]:
+            if name not in md.topics:
+                raise AstraFlowError(f"topic {name} does not exist (run `astraflow topics apply`)")
+        for name in names:
+            parts += [TopicPartition(name, p, OFFSET_BEGINNING) for p in md.topics[name].partitions]
+        consumer.assign(parts)
+        tasks = self.settings.topic("tasks")
+        self.published = sum(consumer.get_watermark_offsets(TopicPartition(tasks, p), timeout=15)[1]
+                             for p in md.topics[tasks].partitions)
+        return consumer
+
+    def _read_progress(self, consumer: Any, budget_s: float = 0.0) -> None:
+        deadline = time.monotonic() + budget_s
+        while True:
+            msg = consumer.poll(max(0.0, min(0.2, deadline - time.monotonic())))
+            if msg is None:
+                if time.monotonic() >= deadline:
+                    return
+                continue
+            if msg.error() is not None:
+                continue
+            try:
+                rec = decode(msg.value() or b"")
+            except RecordError as exc:
+                self.dead.publish_message(msg, str(exc))
+                self.counts["deadletters"] += 1
+                continue
+            if isinstance(rec, WeightVersion):
+                self.steps[rec.policy] = max(self.steps.get(rec.policy, 0), rec.step)
+            elif isinstance(rec, TaskStats):
+                self.stats[rec.task_id] = rec
+
+    def trainer_groups(self) -> int:
+        """Groups consumed so far by the slowest trainer (plus zero-variance groups streams dropped)."""
+        batch = self.recipe.trainer.batch_groups
+        trained = min(self.steps.get(p, 0) for p in self.recipe.policy_names) * batch
+        dropped = sum(s.zero_variance_groups for s in self.stats.values())
+        return trained + dropped
+
+    def admitted(self) -> bool:
+        if not self.cfg.admission:
+            return True
+        window = (self.recipe.max_staleness + 1) * self.recipe.trainer.batch_groups
+        return self.published - self.trainer_groups() < window
+
+    def skip(self, task: Task) -> bool:
+        sel = self.cfg.selective
+        st = self.stats.get(task.task_id)
+        if not sel.enabled or st is None or st.groups < sel.min_groups:
+            return False
+        teaches_nothing = st.success_rate >= sel.solved_above or st.success_rate <= sel.unsolved_below
+        return not (not teaches_nothing or self.skips_in_row >= sel.max_skips_in_row or self.rng.random() < sel.keep_fraction)
+
+    # ------------------------------------------------------------------ main loop
+
+    def _source(self) -> Iterator[Task]:
+        if self.jsonl is not None:
+            return jsonl_tasks(self.recipe, self.jsonl, self.dead)
+        return generated_tasks(self.recipe)
+
+    def _load_position(self) -> int:
+        try:
+            return int(json.loads(self.state_file.read_text())["next"])
+        except (OSError, ValueError, KeyError):
+            return 0
+
+    def _save_position(self, position: int) -> None:
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"next": position, "published": self.published}))
+        tmp.replace(self.state_file)
+
+    def stop(self, *_: Any) -> None:
+        self.stopping = True
+
+    def run(self, worker_id: str = "feeder") -> int:
+        """Feed until `max_tasks`, the end of the JSONL file, or SIGTERM/SIGINT. Returns tasks fed."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.stop)
+        self.publisher = Publisher(self.settings)
+        self.dead = DeadLetters(self.publisher, "feeder")
+        metrics = MetricsReporter(self.publisher, "feeder", worker_id, self.settings.region, every_s=5.0)
+        readers = self._open_readers()
+        position = self._load_position()
+        source = itertools.islice(self._source(), position, None)
+        try:
+            self._read_progress(readers, budget_s=1.0)
+            for task in source:
+                while not self.stopping and not self.admitted():
+                    start = time.monotonic()
+                    self._read_progress(readers, budget_s=self.cfg.poll_s)
+                    self.blocked_s += time.monotonic() - start
+                    self._report(metrics)
+                if self.stopping:
+                    break
+                position += 1
+                self._read_progress(readers)
+                if self.skip(task):
+                    self.counts["skipped"] += 1
+                    self.skips_in_row += 1
+                    continue
+                self.skips_in_row = 0
+                self.publisher.send("tasks", task, key=task.task_id)
+                self.published += 1
+                self.counts["published"] += 1
+                if self.counts["published"] % 64 == 0:
+                    self.publisher.flush(60)
+                    self._save_position(position)
+                self._report(metrics)
+                if self.cfg.max_tasks is not None and self.counts["published"] >= self.cfg.max_tasks:
+                    break
+        finally:
+            self._report(metrics, force=True)
+            self.publisher.flush(60)
+            self._save_position(position)
+            readers.close()
+        log.info("feeder stopped: %s", self.counts)
+        return self.counts["published"]
+
+    def _report(self, metrics: MetricsReporter, force: bool = False) -> None:
+        values = {f"feeder.{k}": float(v) for k, v in self.counts.items()}
+        values.update({"feeder.blocked_s": self.blocked_s, "feeder.trainer_groups": float(self.trainer_groups()),
+                       "feeder.ahead": float(self.published - self.trainer_groups())})
+        metrics.report(values, force=force)

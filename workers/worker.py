@@ -1,0 +1,280 @@
+"""`astraflow worker`: a member of the consumer group on `tasks` that turns tasks into trajectories.
+
+Dataflow: tasks (consumer group, elastic) -> episodes (many at once, one engine per policy, the torch
+engine batching across them) -> trajectories (idempotent producer, key group_id). A task's offset is
+stored only when all its trajectories are acknowledged by the broker and every earlier task of its
+partition is done too (`OffsetTracker`), so a worker killed at any moment loses nothing: its tasks
+are re-run by whoever gets the partition, and the deterministic traj_ids let streams drop duplicates.
+Partitions move with cooperative-sticky rebalancing; tasks of a revoked partition are cancelled
+(released) rather than finished twice. SIGTERM/SIGINT: stop taking tasks, let in-flight episodes
+finish for `worker.drain_timeout_s`, release the rest, flush, commit, close.
+
+Metrics (component `worker`): worker.tokens_per_s, worker.tokens, worker.episodes, worker.trajectories,
+worker.tasks_done, worker.tasks_released, worker.deadletters, worker.episode_errors, worker.in_flight
+(episodes), worker.tasks_in_flight, worker.weights_applied, worker.weights_refused,
+worker.weight_version.<policy>.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from astraflow.config import KafkaSettings, Recipe
+from astraflow.errors import AstraFlowError, ConfigError
+from astraflow.kafka import DeadLetters, Publisher, consumer_config, decode_or_deadletter
+from astraflow.metrics import MetricsReporter
+from astraflow.records import Task, Trajectory
+from workers.engines import build_engine
+from workers.engines.base import Engine
+from workers.envs.base import Codec
+from workers.episodes import Runtime, run_episode
+from workers.follower import WeightFollower
+from workers.offsets import OffsetTracker
+
+log = logging.getLogger(__name__)
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Worker:
+    def __init__(self, recipe: Recipe, run_dir: Path, settings: KafkaSettings, worker_id: str | None = None,
+                 region: str | None = None) -> None:
+        self.recipe = recipe
+        self.cfg = recipe.worker
+        self.run_dir = Path(run_dir)
+        self.settings = settings
+        self.worker_id = worker_id or default_worker_id()
+        self.region = region or settings.region
+        self.policies = frozenset(recipe.policy_names)
+        self.tracker = OffsetTracker()
+        self.tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
+        self.pending_episodes = 0
+        self.stopping = asyncio.Event()
+        self.paused = False
+        self.assigned: set[int] = set()
+        self.counts = {k: 0 for k in ("tokens", "episodes", "trajectories", "tasks_done", "tasks_released",
+                                      "deadletters", "episode_errors")}
+        self.engines: dict[str, Engine] = {}
+        self.topic = settings.topic("tasks")
+
+    # ------------------------------------------------------------------ setup
+
+    def _build(self) -> None:
+        from astraflow.models import init_checkpoint, load_tokenizer
+
+        paths = {p: init_checkpoint(self.recipe.model_for(p), self.run_dir / "init" / p) for p in self.policies}
+        tokenizers = {p: load_tokenizer(path) for p, path in paths.items()}
+        vocabs = {tuple(sorted(t.get_vocab().items())) for t in tokenizers.values()}
+        if len(vocabs) > 1:
+            raise ConfigError("every policy of one worker must share one tokenizer (token-in, token-out)")
+        self.codec = Codec(next(iter(tokenizers.values())))
+        self.runtime = Runtime(self.recipe, self.codec)
+        seed = abs(hash(self.worker_id)) % 1_000_000
+        for p, path in paths.items():
+            self.engines[p] = build_engine(self.cfg.engine, p, str(path), seed=seed, version=0)
+
+    async def run(self) -> None:
+        """Serve tasks until SIGTERM/SIGINT (or `stop()`)."""
+        from confluent_kafka import Consumer
+
+        self.loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.loop.add_signal_handler(sig, self.stop)
+        await asyncio.to_thread(self._build)
+        self.publisher = Publisher(self.settings)
+        self.dead = DeadLetters(self.publisher, "worker")
+        self.metrics = MetricsReporter(self.publisher, "worker", self.worker_id, self.region,
+                                       every_s=self.cfg.metrics_every_s)
+        side = Publisher(self.settings)  # the follower's thread must not serve this loop's callbacks
+        self.follower = WeightFollower(self.settings, self.engines, self.loop, DeadLetters(side, "worker"),
+                                       cache_dir=self.run_dir / "cache" / "weights")
+        await asyncio.to_thread(self.follower.catch_up)
+        self.follower.start()
+        conf = consumer_config(self.settings, self.cfg.group, **{
+            "partition.assignment.strategy": "cooperative-sticky", "client.id": self.worker_id})
+        self.consumer = Consumer(conf)
+        self.consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                on_lost=self._on_revoke)
+        self._started = time.monotonic()
+        self._tokens_mark = (time.monotonic(), 0)
+        self._next_report = 0.0
+        log.info("worker %s (%s) consuming %s", self.worker_id, self.region, self.topic)
+        try:
+            await self._serve()
+        finally:
+            await self._shutdown(side)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    # ------------------------------------------------------------------ consuming
+
+    async def _serve(self) -> None:
+        while not self.stopping.is_set():
+            room = self.pending_episodes < self.cfg.max_episodes
+            if room and self.paused:
+                self.consumer.resume(self.consumer.assignment())
+                self.paused = False
+            elif not room and not self.paused:
+                self.consumer.pause(self.consumer.assignment())
+                self.paused = True
+            msg = self.consumer.poll(0)
+            if msg is not None:
+                self._on_message(msg)
+                continue  # drain what is ready before sleeping
+            self.publisher.poll(0)
+            self._report()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), 0.02)
+
+    def _on_message(self, msg: Any) -> None:
+        from confluent_kafka import KafkaError
+
+        err = msg.error()
+        if err is not None:
+            if err.fatal():
+                raise AstraFlowError(f"consumer of {self.topic}: {err}")
+            if err.code() != KafkaError._PARTITION_EOF:
+                log.warning("consumer of %s: %s", self.topic, err)
+            return
+        p, off = msg.partition(), msg.offset()
+        self.tracker.start(p, off)
+        task = decode_or_deadletter(msg, Task, self.dead, self.policies)
+        if task is not None:
+            try:
+                _, wf = self.runtime.resolve(task)
+            except (ConfigError, ValueError) as exc:
+                self.dead.publish_message(msg, f"task {task.task_id}: {exc}")
+                task = None
+        if task is None:
+            self.counts["deadletters"] += 1
+            self._finished(p, off)
+            return
+        self.pending_episodes += task.group_size
+        self.tasks[(p, off)] = asyncio.create_task(self._run_task(task, p, off))
+
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        self.assigned |= {tp.partition for tp in partitions}
+        log.info("worker %s assigned %s", self.worker_id, sorted(tp.partition for tp in partitions))
+        if self.paused:  # newly assigned partitions start paused like the others
+            consumer.pause(partitions)
+
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        revoked = {tp.partition for tp in partitions}
+        self.assigned -= revoked
+        released = 0
+        for (p, _off), t in list(self.tasks.items()):
+            if p in revoked:
+                t.cancel()  # the new owner re-runs it; nothing of it is committed here
+                released += 1
+        for p in revoked:
+            self.tracker.forget(p)
+        self.counts["tasks_released"] += released
+        with contextlib.suppress(Exception):
+            consumer.commit(asynchronous=False)
+        log.info("worker %s revoked %s (released %d tasks)", self.worker_id, sorted(revoked), released)
+
+    def _finished(self, partition: int, offset: int) -> None:
+        from confluent_kafka import TopicPartition
+
+        position = self.tracker.finish(partition, offset)
+        if position is not None and partition in self.assigned:
+            self.consumer.store_offsets(offsets=[TopicPartition(self.topic, partition, position)])
+
+    # ------------------------------------------------------------------ running a task
+
+    async def _run_task(self, task: Task, partition: int, offset: int) -> None:
+        remaining = task.group_size
+        try:
+            acks = await asyncio.gather(*(self._episode(task, k) for k in range(task.group_size)))
+            await asyncio.gather(*(a for batch in acks for a in batch))
+        except asyncio.CancelledError:
+            return
+        except AstraFlowError as exc:  # a trajectory the broker did not take: leave the task uncommitted
+            log.error("task %s: %s; it will be re-run", task.task_id, exc)
+            self.stop()
+            return
+        finally:
+            self.pending_episodes -= remaining
+            self.tasks.pop((partition, offset), None)
+        self.counts["tasks_done"] += 1
+        self._finished(partition, offset)
+
+    async def _episode(self, task: Task, k: int) -> list[asyncio.Future[None]]:
+        trajs, tokens = await run_episode(self.runtime, task, k, self.engines, self.worker_id, self.region)
+        self.counts["episodes"] += 1
+        self.counts["tokens"] += tokens
+        return [self._publish(t) for t in trajs]
+
+    def _publish(self, traj: Trajectory) -> asyncio.Future[None]:
+        fut: asyncio.Future[None] = self.loop.create_future()
+
+        def acked(exc: Exception | None) -> None:
+            def settle() -> None:
+                if fut.done():
+                    return
+                if exc is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(exc)
+            self.loop.call_soon_threadsafe(settle)
+
+        if traj.finish_reason == "error":
+            self.counts["episode_errors"] += 1
+        self.publisher.send("trajectories", traj, key=traj.group_id, on_delivery=acked)
+        self.counts["trajectories"] += 1
+        return fut
+
+    # ------------------------------------------------------------------ metrics and shutdown
+
+    def _report(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now < self._next_report:
+            return
+        self._next_report = now + self.cfg.metrics_every_s
+        t0, n0 = self._tokens_mark
+        rate = (self.counts["tokens"] - n0) / max(1e-9, now - t0)
+        values = {f"worker.{k}": float(v) for k, v in self.counts.items()}
+        values.update({"worker.tokens_per_s": rate, "worker.in_flight": float(self.pending_episodes),
+                       "worker.tasks_in_flight": float(len(self.tasks)),
+                       "worker.weights_applied": float(self.follower.applied),
+                       "worker.weights_refused": float(self.follower.refused)})
+        for p, e in self.engines.items():
+            values[f"worker.weight_version.{p}"] = float(e.version)
+        self.metrics.report(values)
+        self._tokens_mark = (now, self.counts["tokens"])
+
+    async def _shutdown(self, side: Publisher) -> None:
+        log.info("worker %s stopping: %d tasks in flight", self.worker_id, len(self.tasks))
+        with contextlib.suppress(Exception):
+            self.consumer.pause(self.consumer.assignment())
+        if self.tasks:
+            _, late = await asyncio.wait(list(self.tasks.values()), timeout=self.cfg.drain_timeout_s)
+            for t in late:
+                t.cancel()
+            if late:
+                self.counts["tasks_released"] += len(late)
+                await asyncio.gather(*late, return_exceptions=True)
+        self.follower.close()
+        try:
+            self._report(force=True)
+            self.publisher.flush(60)
+            side.flush(10)
+        finally:
+            with contextlib.suppress(Exception):
+                self.consumer.commit(asynchronous=False)
+            self.consumer.close()
+            for engine in self.engines.values():
+                await engine.close()
+            await self.runtime.close()
+        log.info("worker %s stopped: %s", self.worker_id, self.counts)
