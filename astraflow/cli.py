@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from astraflow.config.kafka import KafkaSettings
 from astraflow.errors import AstraFlowError
 
 COMPONENT_CLIS = ("workers.cli", "streams.cli", "trainer.cli", "astraflow.runner.cli")
@@ -125,8 +126,8 @@ def _policies_from(policies: str | None, recipe: Path | None) -> list[str] | Non
     return None
 
 
-def _settings_from(recipe: Path | None, bootstrap: str | None):  # type: ignore[no-untyped-def]
-    from astraflow.config import KafkaSettings, load_recipe
+def _settings_from(recipe: Path | None, bootstrap: str | None) -> KafkaSettings:
+    from astraflow.config import load_recipe
     from astraflow.kafka import resolve
 
     base = load_recipe(recipe).kafka if recipe is not None else KafkaSettings()

@@ -11,7 +11,7 @@ import shutil
 import string
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from astraflow.config.models import ModelSpec, TokenizerSpec
 
@@ -103,7 +103,7 @@ def init_checkpoint(spec: ModelSpec, out_dir: str | Path) -> Path:
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path))
+    return cast("PreTrainedTokenizerFast", AutoTokenizer.from_pretrained(str(path)))
 
 
 def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
@@ -112,4 +112,4 @@ def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") ->
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
-    return model.to(device)
+    return cast("PreTrainedModel", model.to(device))  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ missing, grows partitions and converges configs. Running it twice changes nothin
 
 from __future__ import annotations
 
+import os
 import re
 import string
 from dataclasses import dataclass, field
@@ -20,7 +21,17 @@ from astraflow.config.kafka import KafkaSettings
 from astraflow.errors import ConfigError
 from astraflow.records import RECORD_TYPES
 
-DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "topics.yaml"
+
+def default_spec_path() -> Path:
+    """topics.yaml: $ASTRAFLOW_TOPICS_FILE, else the repository's copy, else ./topics.yaml."""
+    env = os.environ.get("ASTRAFLOW_TOPICS_FILE")
+    if env:
+        return Path(env)
+    repo = Path(__file__).resolve().parent.parent / "topics.yaml"
+    return repo if repo.exists() else Path("topics.yaml")
+
+
+DEFAULT_SPEC = default_spec_path()
 TOPIC_RE = re.compile(r"^[A-Za-z0-9._\-{}]{1,200}$")
 PLACEHOLDERS = {"policy"}
 

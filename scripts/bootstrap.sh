@@ -18,6 +18,8 @@ need_apt=()
 command -v java >/dev/null 2>&1 || [ -n "${JAVA_HOME:-}" ] || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 command -v kcat >/dev/null 2>&1 || need_apt+=(kcat)
+# Compose v1 validates docker-compose.yml against the compose schema offline (no Docker engine here).
+command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     say "installing ${need_apt[*]} from Debian's packages"

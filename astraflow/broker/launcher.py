@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from astraflow.errors import BrokerError
 
@@ -227,8 +228,9 @@ def _server_properties(data_dir: Path, port: int, controller_port: int) -> str:
 def _ready(bootstrap: str, timeout: float) -> bool:
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000, "log_level": 0,
-                         "logger": _SilentLogger()})
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000, "log_level": 0,
+                            "logger": _SilentLogger()}
+    admin = AdminClient(conf)
     try:
         md = admin.list_topics(timeout=timeout)
         return len(md.brokers) > 0
@@ -274,15 +276,14 @@ def start(port: int = 9092, data_dir: Path | None = None, heap: str = "512m", ti
         props.write_text(_server_properties(data_dir, port, controller_port))
         cluster_id = _format_storage(java, libs, data_dir, props, state)
         log_file = logs / "kafka.log"
-        out = open(logs / "kafka.out", "ab")
         cmd = [java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
                "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile=file:{LOG4J}",
                f"-Dkafka.logs.dir={logs}", f"-Dastraflow.data.dir={data_dir}",
                "-cp", f"{libs}/*", "kafka.Kafka", str(props)]
         started = time.time()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=data_dir)
-        out.close()
+        with open(logs / "kafka.out", "ab") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, cwd=data_dir)
         state = BrokerState(pid=proc.pid, port=port, controller_port=controller_port,
                             bootstrap=f"127.0.0.1:{port}", data_dir=str(data_dir), log_file=str(log_file),
                             cluster_id=cluster_id, started_at=started)

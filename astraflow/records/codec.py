@@ -22,7 +22,7 @@ from astraflow.records.types import RECORD_TYPES, Record
 SCHEMA_VERSION = 1
 EXT_NDARRAY = 1
 
-_DTYPE_CODES = {np.dtype("int8"): 1, np.dtype("uint8"): 2, np.dtype("int32"): 3, np.dtype("float32"): 4}
+_DTYPE_CODES: dict[np.dtype, int] = {np.dtype("int8"): 1, np.dtype("uint8"): 2, np.dtype("int32"): 3, np.dtype("float32"): 4}
 _CODE_DTYPES = {code: dt.newbyteorder("<") for dt, code in _DTYPE_CODES.items()}
 _HEADER = struct.Struct("<BI")
 
