@@ -1,20 +1,102 @@
-"""Config of the trainer (`astraflow trainer --policy P`). Owned by the trainer component."""
+"""Config of the trainer (`astraflow trainer --policy P`). Owned by the trainer component.
+
+One section, `trainer:`, applies to every policy's trainer of a recipe. The loss is
+algorithm-blind (advantages come on the Samples); what it exposes is the surrogate's clipping,
+importance-sampling correction and regularisers.
+"""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import Field
 
 from astraflow.config.base import StrictModel
 
 
+class LossConfig(StrictModel):
+    """The clipped policy-gradient loss (see trainer/losses.py)."""
+
+    clip_low: float = Field(default=0.2, ge=0, lt=1)
+    """Lower clip of the importance ratio: 1 - clip_low."""
+    clip_high: float = Field(default=0.28, ge=0)
+    """Upper clip of the importance ratio: 1 + clip_high (DAPO's clip-higher when > clip_low)."""
+    dual_clip: float | None = Field(default=None, gt=1)
+    """Dual clip constant c > 1: the loss of a negative-advantage token is at most -c * A."""
+    tis_cap: float | None = Field(default=None, gt=0)
+    """Truncated importance sampling: take the ratio against the current policy and weight each
+    token by min(pi / mu, tis_cap) instead of clipping against the behaviour policy mu."""
+    aggregation: Literal["token", "sequence"] = "token"
+    """`token`: mean over all loss tokens of the batch; `sequence`: mean of per-sequence means."""
+    kl_coef: float = Field(default=0.0, ge=0)
+    """Weight of the k3 KL to the frozen reference (the version-0 weights); 0 = no reference model."""
+    entropy_coef: float = Field(default=0.0, ge=0)
+    """Weight of an entropy bonus (entropy is always reported)."""
+    temperature: float = Field(default=1.0, gt=0)
+    """Sampling temperature of the workers: logits are divided by it, as the sampler did."""
+
+
 class TrainerConfig(StrictModel):
-    """Optimisation, batching and weight publication of one policy's trainer."""
+    """Optimisation, batching, checkpoints and weight publication of one policy's trainer."""
 
     lr: float = Field(default=1e-4, gt=0)
-    """AdamW learning rate."""
+    """AdamW peak learning rate."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    eps: float = Field(default=1e-8, gt=0)
+    """AdamW epsilon."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW decoupled weight decay."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Linear learning-rate warm-up from lr/warmup_steps to lr over this many steps."""
+    max_grad_norm: float | None = Field(default=1.0, gt=0)
+    """Clip the global gradient norm to this (None: no clipping; the norm is reported anyway)."""
     batch_groups: int = Field(default=8, ge=1)
-    """Groups per optimiser step."""
+    """Groups per optimiser step (a batch closes when it has this many complete groups)."""
+    batch_tokens: int | None = Field(default=None, ge=1)
+    """Token budget per step: a batch also closes when the next group would exceed it (a batch
+    always holds at least one group)."""
+    micro_batch_tokens: int = Field(default=8192, ge=16)
+    """Padded tokens per forward/backward pass; larger batches accumulate gradients."""
     publish_every: int = Field(default=1, ge=1)
-    """Publish weights every this many steps."""
-    weights_dtype: str = "bfloat16"
-    """dtype of the published inference weights."""
+    """Publish weights (a new version) every this many steps; each publication is checkpointed."""
+    checkpoint_every: int | None = Field(default=None, ge=1)
+    """Extra checkpoints every this many steps between publications (None: at publications only)."""
+    keep_checkpoints: int = Field(default=2, ge=1)
+    """Checkpoints kept on disk (older ones are deleted)."""
+    weights_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """dtype of the published inference weights (the trainer keeps float32 master weights)."""
+    snapshot_every: int = Field(default=10, ge=1)
+    """A full snapshot every this many versions; sparse deltas in between."""
+    keep_versions: int | None = Field(default=None, ge=2)
+    """Versions whose files the store keeps for workers (default: max_staleness + 2)."""
+    compress_level: int = Field(default=3, ge=0, le=22)
+    """zstd level of deltas (0: uncompressed)."""
+    store_dir: str | None = None
+    """Weight store root, local or on a shared filesystem (default: <run dir>/weights)."""
+    serve_http: bool = False
+    """Serve the weight store over HTTP and advertise http:// URIs (for workers without the shared
+    filesystem)."""
+    http_host: str = "127.0.0.1"
+    """Address the weight server binds."""
+    http_port: int = Field(default=0, ge=0, le=65535)
+    """Port of the weight server (0: any free port; one per policy)."""
+    advertise_host: str | None = None
+    """Host name put in the advertised URIs (default: http_host)."""
+    lockstep: bool = False
+    """Do not start a step towards version n+1 before every other policy has published version n."""
+    loss: LossConfig = LossConfig()
+    """The policy-gradient loss."""
+    device: str = "auto"
+    """Torch device: `auto` (CUDA when available, else CPU), `cpu`, `cuda`, `cuda:1`, ..."""
+    autocast: Literal["none", "bfloat16"] = "none"
+    """Mixed precision for forward/backward (master weights stay float32)."""
+    dedupe_window: int = Field(default=100_000, ge=1)
+    """Trained group ids remembered to drop duplicates (the oldest are forgotten first)."""
+    max_steps: int | None = Field(default=None, ge=1)
+    """Stop after this many steps (None: run until stopped)."""
+    metrics_every_s: float = Field(default=0.0, ge=0)
+    """Publish step metrics at most this often (0: every step)."""
+
+    def store_versions(self, max_staleness: int) -> int:
+        return self.keep_versions or max_staleness + 2
