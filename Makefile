@@ -29,4 +29,4 @@ format: install ## Format with ruff
 	@$(VENV)/bin/ruff format astraflow workers streams trainer tests bench
 
 bench: install ## Run the benchmarks in bench/
-	@PYTHONPATH=. $(PY) bench/run_all.py
+	@PYTHONPATH=. $(PY) -m bench.run_all
