@@ -12,9 +12,34 @@ def register(app: typer.Typer) -> None:
     @app.command("run")
     def run(
         recipe: Annotated[Path, typer.Argument(help="Recipe YAML.")],
-        max_steps: Annotated[int | None, typer.Option(help="Stop after this many trainer steps.")] = None,
+        max_steps: Annotated[int | None, typer.Option(help="Stop when every trainer made this many steps.")] = None,
         max_minutes: Annotated[float | None, typer.Option(help="Stop after this many minutes.")] = None,
+        run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Run directory (default: recipe.run.dir); "
+                                                     "an existing one is resumed.")] = None,
+        workers: Annotated[int | None, typer.Option(help="Rollout workers (default: worker.count).")] = None,
+        dashboard: Annotated[bool, typer.Option("--dashboard/--no-dashboard",
+                                                help="Live dashboard (default: on a terminal).")] = None,  # type: ignore[assignment]
     ) -> None:
-        """Run a recipe end to end: broker, topics, streams, workers, trainers and feeder."""
-        typer.echo("`astraflow run` arrives with the end-to-end issue (#6)", err=True)
-        raise typer.Exit(2)
+        """Run a recipe end to end: broker, topics, trainers, streams, workers and feeder."""
+        import sys
+
+        from astraflow.runner.run import Run, RunOptions
+
+        show = sys.stderr.isatty() if dashboard is None else dashboard
+        summary = Run(recipe, RunOptions(max_steps=max_steps, max_minutes=max_minutes, run_dir=run_dir,
+                                         dashboard=show, workers=workers)).execute()
+        if summary.get("failed"):
+            raise typer.Exit(1)
+
+    @app.command("status")
+    def status(
+        recipe: Annotated[Path | None, typer.Option("--recipe", "-r", help="Recipe YAML (policies, Kafka).")] = None,
+        bootstrap: Annotated[str | None, typer.Option(help="Kafka bootstrap servers.")] = None,
+        run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Run directory whose broker to use.")] = None,
+        since: Annotated[float, typer.Option(help="Only metrics of the last this many seconds.")] = 600.0,
+        wait: Annotated[float, typer.Option(help="Seconds to read the topics before printing.")] = 4.0,
+    ) -> None:
+        """Show the dashboard of a running system, from any shell."""
+        from astraflow.runner.status import show_status
+
+        raise typer.Exit(show_status(recipe, bootstrap, run_dir, since, wait))

@@ -1,0 +1,233 @@
+"""Reads what a running system reports, for the dashboard, `astraflow status` and the run report.
+
+Sources, all from Kafka (so it works from any shell, for any region):
+- `metrics`: every Metric record (kept as the latest values per component instance, and appended
+  to `<run_dir>/metrics.jsonl` when a run directory is given);
+- `weights`: the latest WeightVersion per policy;
+- consumer lag per stage: committed offsets of the workers' and the streams' consumer groups
+  against the high watermarks of `tasks` and `trajectories`; the trainers report their own
+  position (they keep offsets in their checkpoints);
+- `deadletter`: how many records it holds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from astraflow.config import KafkaSettings
+from astraflow.kafka import client_config, make_admin
+from astraflow.records import Metric, RecordError, WeightVersion, decode
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Instance:
+    component: str
+    id: str
+    region: str
+    time: float
+    step: int
+    values: dict[str, float]
+
+
+@dataclass
+class Snapshot:
+    """What the dashboard shows, at one moment."""
+
+    instances: dict[tuple[str, str], Instance] = field(default_factory=dict)
+    weights: dict[str, WeightVersion] = field(default_factory=dict)
+    lag: dict[str, int] = field(default_factory=dict)
+    deadletters: int = 0
+    metrics_seen: int = 0
+    started: float = field(default_factory=time.time)
+
+    def of(self, component: str) -> list[Instance]:
+        return sorted((i for (c, _), i in self.instances.items() if c == component), key=lambda i: i.id)
+
+
+class Collector:
+    """Consumes `metrics` and `weights` in a background thread; `snapshot()` is thread-safe."""
+
+    def __init__(self, settings: KafkaSettings, jsonl: Path | None = None, since_s: float | None = None,
+                 worker_group: str = "workers", streams_group: str | None = None) -> None:
+        self.settings = settings
+        self.jsonl = jsonl
+        self.since_s = since_s
+        self.worker_group = worker_group
+        self.streams_group = streams_group
+        self._snap = Snapshot()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._history: dict[tuple[str, str], list[tuple[int, float, dict[str, float]]]] = defaultdict(list)
+
+    # --------------------------------------------------------------------------- reading
+
+    def start(self) -> Collector:
+        self._thread = threading.Thread(target=self._run, name="collector", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+
+    def _consumer(self) -> Any:
+        from confluent_kafka import Consumer
+
+        conf = {**client_config(self.settings), "group.id": f"astraflow-collector-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                "fetch.message.max.bytes": self.settings.message_max_bytes + (1 << 16)}
+        return Consumer(conf)
+
+    def _run(self) -> None:
+        consumer = self._consumer()
+        topics = [self.settings.topic("metrics"), self.settings.topic("weights")]
+        consumer.subscribe(topics)
+        out: IO[str] | None = open(self.jsonl, "w") if self.jsonl else None  # noqa: SIM115
+        next_lag = 0.0
+        try:
+            while not self._stop.is_set():
+                for msg in consumer.consume(500, 0.5):
+                    if msg.error() is None:
+                        self._ingest(msg.topic(), msg.value(), out)
+                if out is not None:
+                    out.flush()
+                if time.monotonic() >= next_lag:
+                    next_lag = time.monotonic() + 3.0
+                    self._refresh_lag()
+            # drain what is already there before stopping
+            for msg in consumer.consume(5000, 1.0):
+                if msg.error() is None:
+                    self._ingest(msg.topic(), msg.value(), out)
+        except Exception:  # noqa: BLE001 - the dashboard must never take the run down
+            log.exception("metrics collector failed")
+        finally:
+            consumer.close()
+            if out is not None:
+                out.close()
+
+    def _ingest(self, topic: str, value: bytes, out: IO[str] | None) -> None:
+        try:
+            record: Any = decode(value)
+        except RecordError as exc:
+            log.warning("unreadable record on %s: %s", topic, exc)
+            return
+        if isinstance(record, WeightVersion):
+            with self._lock:
+                old = self._snap.weights.get(record.policy)
+                if old is None or record.version >= old.version:
+                    self._snap.weights[record.policy] = record
+            return
+        if not isinstance(record, Metric):
+            return
+        if self.since_s is not None and record.time < time.time() - self.since_s:
+            return
+        if out is not None:
+            out.write(json.dumps({"component": record.component, "id": record.id, "region": record.region,
+                                  "time": record.time, "step": record.step, "values": record.values}) + "\n")
+        key = (record.component, record.id)
+        with self._lock:
+            self._snap.metrics_seen += 1
+            inst = self._snap.instances.get(key)
+            if inst is None:
+                inst = self._snap.instances[key] = Instance(record.component, record.id, record.region,
+                                                            record.time, record.step, {})
+            if record.time >= inst.time:
+                inst.values.update(record.values)
+                inst.time, inst.step, inst.region = record.time, record.step, record.region
+            self._history[key].append((record.step, record.time, record.values))
+
+    def _refresh_lag(self) -> None:
+        try:
+            lag = consumer_lag(self.settings, {"tasks": self.worker_group, "trajectories": self.streams_group})
+            dead = topic_size(self.settings, "deadletter")
+        except Exception as exc:  # noqa: BLE001 - lag is best effort while the cluster starts
+            log.debug("lag refresh failed: %s", exc)
+            return
+        with self._lock:
+            self._snap.lag.update(lag)
+            self._snap.deadletters = dead
+
+    # --------------------------------------------------------------------------- views
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            snap = Snapshot(
+                instances={k: Instance(**{**v.__dict__, "values": dict(v.values)})
+                           for k, v in self._snap.instances.items()},
+                weights=dict(self._snap.weights), lag=dict(self._snap.lag),
+                deadletters=self._snap.deadletters, metrics_seen=self._snap.metrics_seen,
+                started=self._snap.started,
+            )
+        return snap
+
+    def history(self) -> dict[tuple[str, str], list[tuple[int, float, dict[str, float]]]]:
+        with self._lock:
+            return {k: list(v) for k, v in self._history.items()}
+
+
+def _watermarks(consumer: Any, topic: str, timeout: float = 5.0) -> dict[int, int]:
+    from confluent_kafka import TopicPartition
+
+    md = consumer.list_topics(topic, timeout=timeout)
+    if topic not in md.topics or md.topics[topic].error is not None:
+        return {}
+    out = {}
+    for p in md.topics[topic].partitions:
+        _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+        out[p] = high
+    return out
+
+
+def topic_size(settings: KafkaSettings, base: str) -> int:
+    """Records in a topic (sum of high watermarks minus low; fine for un-compacted topics)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**client_config(settings), "group.id": "astraflow-size"})
+    try:
+        topic = settings.topic(base)
+        md = consumer.list_topics(topic, timeout=5)
+        if topic not in md.topics or md.topics[topic].error is not None:
+            return 0
+        total = 0
+        for p in md.topics[topic].partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)
+            total += max(0, high - low)
+        return total
+    finally:
+        consumer.close()
+
+
+def consumer_lag(settings: KafkaSettings, groups: dict[str, str | None]) -> dict[str, int]:
+    """Unconsumed records per topic for the consumer group reading it: {topic base: lag}."""
+    from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+
+    admin = make_admin(settings)
+    probe = Consumer({**client_config(settings), "group.id": "astraflow-lag"})
+    lag: dict[str, int] = {}
+    try:
+        for base, group in groups.items():
+            if group is None:
+                continue
+            topic = settings.topic(base)
+            highs = _watermarks(probe, topic)
+            if not highs:
+                continue
+            request = ConsumerGroupTopicPartitions(settings.group(group), [TopicPartition(topic, p) for p in highs])
+            result = admin.list_consumer_group_offsets([request])
+            committed = {tp.partition: tp.offset for tp in next(iter(result.values())).result().topic_partitions}
+            lag[base] = sum(max(0, high - max(0, committed.get(p, 0))) for p, high in highs.items())
+    finally:
+        probe.close()
+    return lag

@@ -1,0 +1,204 @@
+"""`astraflow run RECIPE`: every component of a recipe under one supervisor.
+
+In order: validate the recipe; use the configured Kafka or start a local broker whose data lives
+in the run directory (so a second `run` on the same directory resumes with its topics, offsets and
+checkpoints); apply the topics; start trainers (one per policy), the streams worker, the rollout
+workers (count and regions from the recipe) and the feeder as supervised processes; show the live
+dashboard; restart a component that crashes. At its limits (`--max-steps`: every trainer reached
+it; `--max-minutes`), on Ctrl-C or SIGTERM it stops everything in reverse order (feeder, workers,
+streams, trainers, broker) and writes the report: metrics JSONL, TensorBoard events, PNG plots,
+final checkpoints and a summary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+
+from astraflow import broker, topics
+from astraflow.config import KafkaSettings, Recipe, load_recipe
+from astraflow.kafka import make_admin
+from astraflow.runner.collector import Collector
+from astraflow.runner.dashboard import render
+from astraflow.runner.report import summary_text, write_report
+from astraflow.runner.supervisor import Component, Supervisor
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunOptions:
+    max_steps: int | None = None
+    max_minutes: float | None = None
+    run_dir: Path | None = None
+    dashboard: bool = True
+    workers: int | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def run_dir_of(recipe: Recipe, override: Path | None = None) -> Path:
+    return Path(override) if override else Path(recipe.run.dir.replace("{name}", recipe.name))
+
+
+def components(recipe: Recipe, recipe_path: Path, run_dir: Path, opts: RunOptions) -> list[Component]:
+    common = ["--recipe", str(recipe_path), "--run-dir", str(run_dir)]
+    out = []
+    max_steps = opts.max_steps or recipe.run.max_steps
+    for policy in recipe.policy_names:
+        args = ["trainer", *common, "--policy", policy]
+        if max_steps:
+            args += ["--max-steps", str(max_steps)]
+        out.append(Component(f"trainer-{policy}", args, stage=0, stop_timeout_s=120))
+    out.append(Component("streams", ["streams", *common, "--data-dir", str(run_dir / "streams-data")], stage=1))
+    count = recipe.worker.count if opts.workers is None else opts.workers
+    regions = recipe.worker.regions or ["local"]
+    for i in range(count):
+        region = regions[i % len(regions)]
+        out.append(Component(f"worker-{i}", ["worker", *common, "--region", region, "--id", f"worker-{i}"],
+                             stage=2, stop_timeout_s=recipe.worker.drain_timeout_s + 30))
+    out.append(Component("feeder", ["feed", *common], stage=3, stop_timeout_s=30))
+    return out
+
+
+class Run:
+    """One invocation of `astraflow run`."""
+
+    def __init__(self, recipe_path: Path, opts: RunOptions, console: Console | None = None) -> None:
+        self.recipe_path = recipe_path.resolve()
+        self.recipe = load_recipe(recipe_path)
+        self.opts = opts
+        self.console = console or Console(stderr=True)
+        self.run_dir = run_dir_of(self.recipe, opts.run_dir).resolve()
+        self.events: list[str] = []
+        self.stop_reason = "running"
+        self.started_broker = False
+        self._signals = 0
+
+    def event(self, message: str) -> None:
+        stamped = f"{time.strftime('%H:%M:%S')} {message}"
+        self.events.append(stamped)
+        with open(self.run_dir / "events.log", "a") as fh:
+            fh.write(stamped + "\n")
+        if not self.opts.dashboard:
+            self.console.print(stamped, highlight=False)
+
+    def _kafka(self) -> KafkaSettings:
+        settings = KafkaSettings.from_env(self.recipe.kafka)
+        if settings.bootstrap:
+            if settings.namespace is None:  # a shared cluster: keep this run's topics apart
+                settings = settings.model_copy(update={"namespace": self.recipe.name})
+            self.event(f"using Kafka at {settings.bootstrap} (namespace {settings.namespace})")
+            return settings
+        state = broker.start(port=0, data_dir=self.run_dir / "broker", progress=self.event)
+        self.started_broker = True
+        self.event(f"local Kafka {broker.kafka_version()} at {state.bootstrap} (data {self.run_dir / 'broker'})")
+        return settings.model_copy(update={"bootstrap": state.bootstrap})
+
+    def _handle_signal(self, signum: int, _frame: Any) -> None:
+        self._signals += 1
+        self.stop_reason = "interrupted" if signum == signal.SIGINT else "terminated"
+        if self._signals > 1:
+            raise KeyboardInterrupt  # second Ctrl-C: stop waiting politely
+
+    def execute(self) -> dict[str, Any]:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        resumed = (self.run_dir / "summary.json").exists() or (self.run_dir / "logs").exists()
+        shutil.copyfile(self.recipe_path, self.run_dir / "recipe.yaml")
+        previous = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        self.event(("resuming" if resumed else "starting") + f" {self.recipe.name} in {self.run_dir}")
+        started = time.time()
+        settings = self._kafka()
+        sup: Supervisor | None = None
+        collector: Collector | None = None
+        try:
+            specs = topics.expand(topics.load_spec(), self.recipe.policy_names, settings)
+            report = topics.apply(make_admin(settings), specs)
+            self.event(f"topics: {len(report.created)} created, {len(report.unchanged)} unchanged")
+            env = {**os.environ, **self.opts.extra_env, "ASTRAFLOW_BOOTSTRAP": settings.require_bootstrap()}
+            if settings.namespace:
+                env["ASTRAFLOW_NAMESPACE"] = settings.namespace
+            sup = Supervisor(self.run_dir, env, on_event=self.event)
+            for c in components(self.recipe, self.recipe_path, self.run_dir, self.opts):
+                sup.add(c)
+            collector = Collector(settings, jsonl=self.run_dir / "metrics.jsonl",
+                                  streams_group=self.recipe.streams.app_id,
+                                  worker_group=self.recipe.worker.group).start()
+            sup.start_all()
+            self._watch(sup, collector, started)
+        except KeyboardInterrupt:
+            self.stop_reason = "interrupted twice"
+            if sup is not None:
+                sup.kill_all()
+        finally:
+            if sup is not None:
+                sup.stop_all()
+            if collector is not None:
+                collector.stop()
+            if self.started_broker:
+                broker.stop(self.run_dir / "broker")
+                self.event("stopped the local broker")
+            for s, h in previous.items():
+                signal.signal(s, h)
+        restarts = {c.name: c.restarts for c in sup.components if c.restarts} if sup else {}
+        extra = {"recipe": self.recipe.name, "run_dir": str(self.run_dir), "stop_reason": self.stop_reason,
+                 "wall_minutes": (time.time() - started) / 60, "restarts": restarts,
+                 "deadletters": collector.snapshot().deadletters if collector else 0,
+                 "checkpoints": sorted(str(p) for p in self.run_dir.glob("checkpoints/*/latest*")),
+                 "failed": [c.name for c in sup.failed()] if sup else []}
+        summary = write_report(self.run_dir, extra)
+        self.console.print(summary_text(summary), highlight=False)
+        self.console.print(f"report: {self.run_dir}/summary.txt, plots in {self.run_dir}/plots, "
+                           f"tensorboard --logdir {self.run_dir}/tensorboard", highlight=False)
+        return summary
+
+    def _watch(self, sup: Supervisor, collector: Collector, started: float) -> None:
+        max_steps = self.opts.max_steps or self.recipe.run.max_steps
+        max_minutes = self.opts.max_minutes or self.recipe.run.max_minutes
+        trainers = [c for c in sup.components if c.name.startswith("trainer-")]
+        live = Live(console=self.console, refresh_per_second=2, transient=False) if self.opts.dashboard else None
+        with live if live is not None else contextlib.nullcontext():
+            last_line = 0.0
+            while self.stop_reason == "running":
+                sup.poll()
+                snap = collector.snapshot()
+                if live is not None:
+                    live.update(render(snap, self.recipe.policy_names, f"astraflow run {self.recipe.name}",
+                                       self.events))
+                elif time.time() - last_line > 15:
+                    last_line = time.time()
+                    self._progress_line(snap)
+                if max_steps and all(c.exit_code == 0 for c in trainers):
+                    self.stop_reason = f"every trainer reached {max_steps} steps"
+                elif max_minutes and time.time() - started >= max_minutes * 60:
+                    self.stop_reason = f"time limit of {max_minutes:g} minutes"
+                elif sup.failed():
+                    self.stop_reason = "failed: " + ", ".join(c.name for c in sup.failed())
+                else:
+                    time.sleep(0.5)
+        self.event(f"stopping: {self.stop_reason}")
+
+    def _progress_line(self, snap: Any) -> None:
+        parts = []
+        for p in self.recipe.policy_names:
+            t = next((i for i in snap.of("trainer") if i.id == f"trainer.{p}"), None)
+            if t is not None:
+                v = t.values
+                parts.append(f"{p}: step {v.get('step', 0):.0f} reward {v.get('reward.mean', float('nan')):.3f}")
+        tokens = sum(w.values.get("worker.tokens_per_s", 0) for w in snap.of("worker"))
+        self.console.print(f"[progress] {'; '.join(parts) or 'waiting for the first step'}; "
+                           f"rollout {tokens:.0f} tokens/s; dead letters {snap.deadletters}", highlight=False)
+
+
+def save_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, default=str))

@@ -1,0 +1,171 @@
+"""Process supervision for `astraflow run`: start components as child processes, restart the ones
+that crash, and stop everything in order.
+
+Each component is an `astraflow <command>` child in its own session (so a terminal Ctrl-C reaches
+only the supervisor, which then stops children in order) with PR_SET_PDEATHSIG, so that even a
+SIGKILL of the supervisor leaves no orphan behind. Output goes to `<run_dir>/logs/<name>.log`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class Component:
+    """One supervised child: `astraflow <args>`."""
+
+    name: str
+    args: list[str]
+    stage: int
+    """Start order (low first); stop order is the reverse."""
+    restart: bool = True
+    """Restart on a crash. A clean exit (status 0) is never restarted: it means "done"."""
+    stop_timeout_s: float = 60.0
+    """Grace period after SIGTERM before SIGKILL."""
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    next_start: float = 0.0
+    exit_code: int | None = None
+    started_at: float = 0.0
+    crashes: list[tuple[float, int]] = field(default_factory=list)
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class Supervisor:
+    """Starts components in stage order, restarts crashes with backoff, stops in reverse order."""
+
+    def __init__(self, run_dir: Path, env: dict[str, str], max_restarts: int = 20,
+                 on_event: Callable[[str], None] = lambda _: None) -> None:
+        self.run_dir = run_dir
+        self.logs = run_dir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.env = env
+        self.max_restarts = max_restarts
+        self.components: list[Component] = []
+        self.on_event = on_event
+        self.stopping = False
+
+    def add(self, component: Component) -> None:
+        self.components.append(component)
+
+    def _spawn(self, c: Component) -> None:
+        env = {**self.env, **c.env}
+        logfile = open(self.logs / f"{c.name}.log", "ab")  # noqa: SIM115 - owned by the child from here
+        logfile.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} astraflow {' '.join(c.args)}\n".encode())
+        logfile.flush()
+        c.proc = subprocess.Popen(
+            [sys.executable, "-m", "astraflow.cli", *c.args], stdout=logfile, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, env=env, cwd=os.getcwd(), start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        logfile.close()
+        c.started_at = time.time()
+        c.exit_code = None
+
+    def start_all(self, ready: Callable[[Component], bool] | None = None) -> None:
+        """Start every component, stage by stage."""
+        for c in sorted(self.components, key=lambda c: c.stage):
+            self._spawn(c)
+            self.on_event(f"started {c.name} (PID {c.proc.pid if c.proc else '?'})")
+            if ready is not None:
+                ready(c)
+
+    def poll(self) -> list[Component]:
+        """Reap exits; restart crashed components whose backoff has passed. Returns the components
+        that exited cleanly during this poll."""
+        done = []
+        now = time.time()
+        for c in self.components:
+            if c.proc is None:
+                if c.exit_code is None and now >= c.next_start and not self.stopping:
+                    self._spawn(c)
+                    self.on_event(f"restarted {c.name} (restart {c.restarts})")
+                continue
+            code = c.proc.poll()
+            if code is None:
+                continue
+            c.exit_code = code
+            c.proc = None
+            if code == 0 or self.stopping:
+                done.append(c)
+                continue
+            c.crashes.append((now, code))
+            tail = _tail(self.logs / f"{c.name}.log")
+            if not c.restart or c.restarts >= self.max_restarts:
+                self.on_event(f"{c.name} failed with status {code}; not restarting. Log tail:\n{tail}")
+                continue
+            c.restarts += 1
+            backoff = min(30.0, 2.0 ** min(c.restarts - 1, 5))
+            c.next_start = now + backoff
+            c.exit_code = None
+            self.on_event(f"{c.name} crashed with status {code}; restarting in {backoff:.0f}s. Log tail:\n{tail}")
+        return done
+
+    def failed(self) -> list[Component]:
+        """Components that crashed and will not be restarted."""
+        return [c for c in self.components if c.proc is None and c.exit_code not in (None, 0)]
+
+    def stop_all(self) -> None:
+        """Stop components in reverse stage order: SIGTERM, wait, SIGKILL. Idempotent."""
+        self.stopping = True
+        for stage in sorted({c.stage for c in self.components}, reverse=True):
+            group = [c for c in self.components if c.stage == stage and c.running]
+            for c in group:
+                self.on_event(f"stopping {c.name}")
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(c.proc.pid, signal.SIGTERM)  # type: ignore[union-attr]
+            deadline = time.time() + max((c.stop_timeout_s for c in group), default=0)
+            for c in group:
+                assert c.proc is not None
+                try:
+                    c.exit_code = c.proc.wait(timeout=max(0.1, deadline - time.time()))
+                except subprocess.TimeoutExpired:
+                    self.on_event(f"{c.name} did not stop in {c.stop_timeout_s:.0f}s; killing it")
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(c.proc.pid, signal.SIGKILL)
+                    c.exit_code = c.proc.wait()
+                # Anything the component left in its process group goes too.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(c.proc.pid, signal.SIGKILL)
+                c.proc = None
+
+    def kill_all(self) -> None:
+        """Immediate SIGKILL of everything (second Ctrl-C)."""
+        self.stopping = True
+        for c in self.components:
+            if c.proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(c.proc.pid, signal.SIGKILL)
+                c.proc.wait()
+                c.proc = None
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
