@@ -70,7 +70,8 @@ class Worker:
     # ------------------------------------------------------------------ setup
 
     def _build(self) -> None:
-        from astraflow.models import init_checkpoint, load_tokenizer
+        from astraflow.models import init_checkpoint
+        from workers.envs.base import load_tokenizer
 
         paths = {p: init_checkpoint(self.recipe.model_for(p), self.run_dir / "init" / p) for p in self.policies}
         tokenizers = {p: load_tokenizer(path) for p, path in paths.items()}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from astraflow.config import StrictModel, validate_model
@@ -68,6 +69,16 @@ class Codec:
         if stop_at_eos and self.eos in toks:
             toks = toks[: toks.index(self.eos)]
         return "".join(self.tokenizer.convert_ids_to_tokens(toks))
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The checkpoint's tokenizer exactly as its tokenizer.json defines it.
+
+    Not AutoTokenizer: in transformers 5 it maps a qwen2 checkpoint to Qwen2Tokenizer, whose byte-level
+    pre-tokenizer replaces the project's character one and silently drops spaces and newlines."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(str(path))
 
 
 class Environment:

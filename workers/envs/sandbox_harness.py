@@ -22,7 +22,7 @@ BLOCKED_EVENTS = ("os.fork", "os.forkpty", "os.system", "os.exec", "os.spawn", "
                   "subprocess.Popen", "os.kill", "os.killpg", "pty.spawn", "os.setuid", "os.setgid",
                   "os.chroot", "resource.setrlimit", "resource.prlimit", "sys._current_frames")
 PRELOAD = ("math", "re", "itertools", "functools", "collections", "heapq", "bisect", "string", "random",
-           "operator", "time", "socket", "subprocess", "multiprocessing", "threading")
+           "operator", "time", "socket", "subprocess", "multiprocessing", "threading", "encodings.idna")
 PATH_EVENTS = ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.symlink",
                "os.link", "os.truncate", "os.utime", "shutil.rmtree", "os.chdir", "os.chflags")
 
