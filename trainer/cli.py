@@ -13,7 +13,20 @@ def register(app: typer.Typer) -> None:
     def trainer(
         recipe: Annotated[Path, typer.Option("--recipe", "-r", help="Recipe YAML.")],
         policy: Annotated[str, typer.Option(help="Policy this trainer trains.")],
+        run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Run directory (default: the recipe's "
+                                                     "run.dir with {name} replaced).")] = None,
+        max_steps: Annotated[int | None, typer.Option("--max-steps", help="Stop after this many steps "
+                                                      "(default: trainer.max_steps, then run.max_steps).")] = None,
     ) -> None:
-        """Train one policy from its samples topic and publish its weights."""
-        typer.echo("`astraflow trainer` arrives with the trainer issue (#5)", err=True)
-        raise typer.Exit(2)
+        """Train one policy from its samples topic and publish its weights.
+
+        Run one per policy. Under torchrun (`torchrun --nproc-per-node N -m astraflow.cli trainer ...`)
+        the processes train data-parallel; rank 0 talks to Kafka. SIGTERM/SIGINT finish the current
+        step, checkpoint and exit 0."""
+        from astraflow.config import load_recipe
+        from astraflow.kafka import resolve
+        from trainer.service import Trainer
+
+        loaded = load_recipe(recipe)
+        service = Trainer(loaded, policy, run_dir=run_dir, settings=resolve(loaded.kafka), max_steps=max_steps)
+        raise typer.Exit(service.run())

@@ -40,12 +40,16 @@ class LossSettings:
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
-                   with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   with_entropy: bool = True, entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of tokens[:, 1:] under logits[:, :-1] (scaled by 1/temperature, as the sampler
-    did) and, optionally, the entropy of each predictive distribution. Shapes [B, T-1]."""
+    did) and, optionally, the entropy of each predictive distribution (without a graph unless
+    `entropy_grad`, when it is only reported). Shapes [B, T-1]."""
     logp_all = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
     logp = logp_all.gather(-1, tokens[:, 1:].long().unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy
 
 

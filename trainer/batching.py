@@ -1,0 +1,185 @@
+"""From a stream of Samples to training batches: grouping, dedupe, staleness and safe offsets.
+
+Pure Python, no Kafka and no torch, so every rule here is unit-tested directly:
+
+- A group is complete when it holds `group_samples` distinct traj_ids (the count streams sent to
+  this policy's topic). A repeated traj_id is a duplicate; a sample of a group already trained
+  (remembered by group_id, in a bounded window saved with each checkpoint) is a duplicate too.
+- Complete groups queue in completion order; a batch takes up to `batch_groups` of them, or fewer
+  when the next would exceed the token budget.
+- Staleness is judged when a batch is formed: lag = trainer version - oldest version among the
+  sample's generated tokens; samples past `max_staleness` are dropped and counted, the others of
+  their group still train.
+- Restart offsets: for each partition, the lowest offset of a sample still waiting in an
+  incomplete or queued group, or just past the last consumed message. Seeking there after a crash
+  re-reads everything not yet trained; what was trained is then dropped as a duplicate.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from astraflow.records import Sample
+
+
+class BadSample(ValueError):
+    """A sample that cannot be trained (wrong policy, inconsistent group): goes to deadletter."""
+
+
+@dataclass
+class Group:
+    group_id: str
+    expected: int
+    samples: dict[str, Sample] = field(default_factory=dict)
+    offsets: list[tuple[int, int]] = field(default_factory=list)  # (partition, offset)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(s.tokens) for s in self.samples.values())
+
+
+@dataclass
+class Batch:
+    """The groups of one step, and the samples kept after the staleness check."""
+
+    groups: list[Group]
+    samples: list[Sample]
+    lags: list[int]
+    stale: list[Sample]
+
+    @property
+    def group_ids(self) -> list[str]:
+        return [g.group_id for g in self.groups]
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(s.tokens) for s in self.samples)
+
+
+def lag_of(sample: Sample, version: int) -> int:
+    """Version lag of a sample trained at `version` (0 if it has no generated tokens)."""
+    oldest = sample.min_version()
+    return max(version - oldest, 0) if oldest >= 0 else 0
+
+
+class GroupBuffer:
+    """Collects one policy's samples into complete groups and hands out batches."""
+
+    def __init__(self, policy: str, dedupe_window: int = 100_000) -> None:
+        self.policy = policy
+        self.dedupe_window = dedupe_window
+        self.trained: OrderedDict[str, int] = OrderedDict()  # group_id -> step it was trained in
+        self.pending: dict[str, Group] = {}
+        self.ready: deque[str] = deque()
+        self.counts: Counter[str] = Counter()
+        self._next: dict[int, int] = {}  # partition -> offset after the last consumed message
+        self._waiting: dict[int, list[int]] = {}  # partition -> heap of offsets still needed
+        self._released: dict[int, Counter[int]] = {}
+
+    # ------------------------------------------------------------------ intake
+
+    def add(self, sample: Sample, partition: int, offset: int) -> str:
+        """Take one consumed sample. Returns what happened: `pending`, `complete`, `duplicate`
+        (already trained, or a repeated traj_id). Raises BadSample for unusable samples (their
+        offset counts as consumed)."""
+        self.consumed(partition, offset)
+        if sample.policy != self.policy:
+            raise BadSample(f"sample for policy {sample.policy!r} on the topic of {self.policy!r}")
+        gid = sample.group_id
+        if gid in self.trained:
+            self.counts["samples.duplicate"] += 1
+            return "duplicate"
+        group = self.pending.get(gid)
+        if group is None:
+            group = self.pending[gid] = Group(gid, sample.group_samples)
+        elif sample.group_samples != group.expected:
+            raise BadSample(f"group {gid}: group_samples {sample.group_samples} differs from {group.expected} "
+                            "in earlier samples of the group")
+        if sample.traj_id in group.samples:
+            self.counts["samples.duplicate"] += 1
+            return "duplicate"
+        if len(group.samples) >= group.expected:
+            raise BadSample(f"group {gid}: more than group_samples={group.expected} distinct traj_ids")
+        group.samples[sample.traj_id] = sample
+        group.offsets.append((partition, offset))
+        heapq.heappush(self._waiting.setdefault(partition, []), offset)
+        self.counts["samples.in"] += 1
+        if len(group.samples) == group.expected:
+            self.ready.append(gid)
+            self.counts["groups.complete"] += 1
+            return "complete"
+        return "pending"
+
+    def consumed(self, partition: int, offset: int) -> None:
+        """Note that a message was read (also for records that never reach `add`)."""
+        self._next[partition] = max(self._next.get(partition, 0), offset + 1)
+
+    # ------------------------------------------------------------------ batches
+
+    def take(self, max_groups: int, max_tokens: int | None, version: int, max_staleness: int) -> Batch | None:
+        """The next batch, or None while not enough complete groups are queued."""
+        chosen: list[str] = []
+        tokens = 0
+        for gid in self.ready:
+            size = self.pending[gid].tokens
+            if max_tokens is not None and chosen and tokens + size > max_tokens:
+                break
+            chosen.append(gid)
+            tokens += size
+            if len(chosen) == max_groups:
+                break
+        else:  # ran out of queued groups without closing the batch
+            if max_tokens is None or tokens < max_tokens or not chosen:
+                return None
+        groups = []
+        for _ in chosen:
+            groups.append(self.pending[self.ready.popleft()])
+        kept, lags, stale = [], [], []
+        for g in groups:
+            for s in g.samples.values():
+                lag = lag_of(s, version)
+                if lag > max_staleness:
+                    stale.append(s)
+                else:
+                    kept.append(s)
+                    lags.append(lag)
+        self.counts["samples.stale"] += len(stale)
+        return Batch(groups, kept, lags, stale)
+
+    def done(self, batch: Batch, step: int) -> None:
+        """The batch was trained at `step` (or dropped): remember its groups, release offsets."""
+        for g in batch.groups:
+            del self.pending[g.group_id]
+            self.trained[g.group_id] = step
+            for partition, offset in g.offsets:
+                self._released.setdefault(partition, Counter())[offset] += 1
+        while len(self.trained) > self.dedupe_window:
+            self.trained.popitem(last=False)
+        self.counts["groups.trained"] += len(batch.groups)
+
+    # ------------------------------------------------------------------ checkpoint state
+
+    def offsets(self) -> dict[int, int]:
+        """Per partition, where a restarted trainer must resume reading."""
+        out = {}
+        for partition, nxt in self._next.items():
+            heap, released = self._waiting.get(partition, []), self._released.get(partition, Counter())
+            while heap and released[heap[0]]:
+                released[heap[0]] -= 1
+                heapq.heappop(heap)
+            out[partition] = heap[0] if heap else nxt
+        return out
+
+    def state(self) -> dict[str, Any]:
+        return {"offsets": {str(p): o for p, o in sorted(self.offsets().items())},
+                "trained": [[gid, step] for gid, step in self.trained.items()],
+                "counts": dict(self.counts)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint's state (before anything was consumed)."""
+        self._next = {int(p): int(o) for p, o in state.get("offsets", {}).items()}
+        self.trained = OrderedDict((str(g), int(s)) for g, s in state.get("trained", []))
+        self.counts = Counter({str(k): int(v) for k, v in state.get("counts", {}).items()})

@@ -1,0 +1,118 @@
+"""Trainer checkpoints, written atomically: a crash leaves the previous checkpoint intact.
+
+    <run>/trainer/<policy>/checkpoints/step-00000012/
+        config.json, generation_config.json, model.safetensors   (transformers save_pretrained)
+        tokenizer.json, tokenizer_config.json, ...               (loads with AutoTokenizer)
+        optimizer.safetensors + optimizer.json                   (AdamW moments + param groups)
+        trainer_state.json                                        (step, version, offsets, dedupe)
+
+Everything is written into a hidden temporary directory, fsynced, then renamed into place, so a
+directory named `step-*` is always complete. Nothing is pickled: tensors go in safetensors, the
+rest in JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STEP_RE = re.compile(r"^step-(\d{8})$")
+STATE_FILE = "trainer_state.json"
+
+
+def optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """AdamW state as safetensors-ready tensors plus JSON-ready metadata."""
+    sd = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, Any] = {}
+    for idx, st in sd["state"].items():
+        for key, value in st.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{idx}.{key}"] = value.detach().to("cpu").contiguous()
+            else:
+                scalars[f"{idx}.{key}"] = value
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def optimizer_from_files(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
+                         meta: dict[str, Any]) -> None:
+    state: dict[int, dict[str, Any]] = {}
+    for name, value in [*tensors.items(), *meta["scalars"].items()]:
+        idx, key = name.split(".", 1)
+        state.setdefault(int(idx), {})[key] = value
+    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def _fsync_tree(path: Path) -> None:
+    for file in path.rglob("*"):
+        if file.is_file():
+            with open(file, "rb") as fh:
+                os.fsync(fh.fileno())
+    for d in (path, path.parent):
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def save_checkpoint(root: Path, step: int, model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer,
+                    state: dict[str, Any], keep: int = 2) -> Path:
+    """Write checkpoint `step` under `root` atomically and keep only the newest `keep`."""
+    from safetensors.torch import save_file
+
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:08d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tensors, meta = optimizer_to_files(optimizer)
+        save_file(tensors, str(tmp / "optimizer.safetensors"))
+        (tmp / "optimizer.json").write_text(json.dumps(meta, indent=1))
+        (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=1))
+        _fsync_tree(tmp)
+        if final.exists():  # only a leftover of a run whose later checkpoints were all lost
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_tree(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in list_checkpoints(root)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    for stray in root.glob(".step-*"):  # temporaries of a writer that crashed
+        if stray != tmp:
+            shutil.rmtree(stray, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    if not root.exists():
+        return []
+    found = [p for p in root.iterdir() if STEP_RE.match(p.name) and (p / STATE_FILE).exists()]
+    return sorted(found, key=lambda p: p.name)
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    found = list_checkpoints(root)
+    return found[-1] if found else None
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    return json.loads((path / STATE_FILE).read_text())
+
+
+def load_optimizer(path: Path, optimizer: torch.optim.Optimizer) -> None:
+    from safetensors.torch import load_file
+
+    meta = json.loads((path / "optimizer.json").read_text())
+    optimizer_from_files(optimizer, load_file(str(path / "optimizer.safetensors")), meta)

@@ -1,0 +1,183 @@
+"""One optimiser step on a batch of Samples: collation, micro-batches, loss, AdamW.
+
+The model holds float32 master weights; an optional autocast runs forward/backward in bfloat16.
+A batch is padded into rows, sorted by length and cut into micro-batches of at most
+`micro_batch_tokens` padded tokens whose gradients accumulate; the loss of each micro-batch is
+divided by the batch-wide token (or sequence) count, so the sum over micro-batches, and over
+data-parallel ranks, is exactly the batch's loss. Under DDP every rank runs its rows and the
+gradients are all-reduced once, on the last micro-batch (DDP averages, so the loss is scaled by the
+world size to keep the sum). The learning rate follows a linear warm-up, set explicitly each step
+so that nothing but the step number needs checkpointing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from astraflow.config.trainer import TrainerConfig
+from astraflow.records import Sample
+from trainer.losses import LossSettings, policy_loss, token_logprobs
+
+#: Sums reduced over micro-batches and ranks (order matters: they travel as one tensor).
+STAT_KEYS = ("tokens", "loss", "loss.pg", "loss.kl", "clipped", "is_weight", "mismatch.abs", "mismatch.kl",
+             "kl_ref", "entropy")
+
+
+@dataclass
+class Rows:
+    """A padded batch; per-token fields are aligned to the predicted tokens (length L - 1)."""
+
+    tokens: torch.Tensor      # int64 [N, L]
+    lengths: torch.Tensor     # int64 [N]
+    mask: torch.Tensor        # float32 [N, L-1]
+    behaviour: torch.Tensor   # float32 [N, L-1]
+    advantages: torch.Tensor  # float32 [N, L-1]
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def select(self, index: torch.Tensor) -> Rows:
+        """Rows `index`, trimmed to their longest sequence."""
+        length = max(int(self.lengths[index].max()), 2) if len(index) else 2
+        return Rows(self.tokens[index, :length], self.lengths[index], self.mask[index, : length - 1],
+                    self.behaviour[index, : length - 1], self.advantages[index, : length - 1])
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.tokens, self.lengths, self.mask, self.behaviour, self.advantages]
+
+
+def collate(samples: list[Sample], pad_id: int) -> Rows:
+    n, length = len(samples), max(max(len(s.tokens) for s in samples), 2)
+    tokens = np.full((n, length), pad_id, np.int64)
+    lengths = np.zeros(n, np.int64)
+    mask, behaviour, adv = (np.zeros((n, length), np.float32) for _ in range(3))
+    for i, s in enumerate(samples):
+        k = len(s.tokens)
+        tokens[i, :k], lengths[i] = s.tokens, k
+        mask[i, :k], behaviour[i, :k], adv[i, :k] = s.loss_mask, s.logprobs, s.advantages
+    return Rows(torch.from_numpy(tokens), torch.from_numpy(lengths), torch.from_numpy(mask[:, 1:]).contiguous(),
+                torch.from_numpy(behaviour[:, 1:]).contiguous(), torch.from_numpy(adv[:, 1:]).contiguous())
+
+
+def micro_batches(rows: Rows, max_tokens: int) -> list[Rows]:
+    """Longest rows first, greedily packed so that rows x longest <= max_tokens (one row at least)."""
+    order = torch.argsort(rows.lengths, descending=True, stable=True)
+    out: list[Rows] = []
+    current: list[int] = []
+    for i in order.tolist():
+        longest = int(rows.lengths[current[0]]) if current else int(rows.lengths[i])
+        if current and (len(current) + 1) * longest > max_tokens:
+            out.append(rows.select(torch.tensor(current)))
+            current = []
+        current.append(i)
+    if current:
+        out.append(rows.select(torch.tensor(current)))
+    return out
+
+
+def loss_settings(cfg: TrainerConfig) -> LossSettings:
+    loss = cfg.loss
+    return LossSettings(clip_low=loss.clip_low, clip_high=loss.clip_high, dual_clip=loss.dual_clip,
+                        tis_cap=loss.tis_cap, aggregation=loss.aggregation, kl_coef=loss.kl_coef,
+                        entropy_coef=loss.entropy_coef)
+
+
+class Engine:
+    """Model, optional frozen reference, AdamW, and the step."""
+
+    def __init__(self, model: torch.nn.Module, cfg: TrainerConfig, device: torch.device,
+                 ref_model: torch.nn.Module | None = None, distributed: bool = False, pad_id: int = 0) -> None:
+        self.cfg = cfg
+        self.pad_id = pad_id
+        self.device = device
+        self.model = model.to(device=device, dtype=torch.float32)
+        self.ref_model = ref_model.to(device).eval().requires_grad_(False) if ref_model is not None else None
+        self.distributed = distributed
+        self.world = torch.distributed.get_world_size() if distributed else 1
+        self.wrapped: torch.nn.Module = self.model
+        if distributed:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.wrapped = DistributedDataParallel(
+                self.model, device_ids=[device.index] if device.type == "cuda" else None)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                                           weight_decay=cfg.weight_decay)
+        self.settings = loss_settings(cfg)
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate of 1-based step `step`."""
+        warm = self.cfg.warmup_steps
+        return self.cfg.lr * min(1.0, step / warm) if warm else self.cfg.lr
+
+    def _autocast(self) -> contextlib.AbstractContextManager[object]:
+        if self.cfg.autocast == "bfloat16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def step(self, rows: Rows, step: int, num_tokens: float, num_seqs: float) -> dict[str, float]:
+        """Forward, backward and optimiser step on this rank's `rows` of a batch with `num_tokens`
+        loss tokens and `num_seqs` sequences in all. Returns batch-wide metrics."""
+        start = time.perf_counter()
+        self.wrapped.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        lr = self.lr_at(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        if not len(rows):  # a rank without rows still joins the gradient all-reduce, with zeros
+            rows = Rows(torch.full((1, 2), self.pad_id), torch.tensor([2]), *(torch.zeros(1, 1) for _ in range(3)))
+        parts = micro_batches(rows, self.cfg.micro_batch_tokens)
+        sums = dict.fromkeys(STAT_KEYS, 0.0)
+        for i, mb in enumerate(parts):
+            sync = i == len(parts) - 1
+            no_sync: Any = contextlib.nullcontext()
+            if self.distributed and not sync:  # accumulate locally; all-reduce on the last micro-batch
+                no_sync = self.wrapped.no_sync()  # type: ignore[operator]
+            with no_sync:
+                for k, v in self._micro_step(mb, num_tokens, num_seqs).items():
+                    sums[k] += v
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm or float("inf"))
+        self.optimizer.step()
+        stats = torch.tensor([sums[k] for k in STAT_KEYS], dtype=torch.float64)
+        if self.distributed:
+            torch.distributed.all_reduce(stats)
+        total = dict(zip(STAT_KEYS, stats.tolist(), strict=True))
+        tokens = max(total["tokens"], 1.0)
+        elapsed = time.perf_counter() - start
+        out = {"loss": total["loss"], "loss.pg": total["loss.pg"], "clip_fraction": total["clipped"] / tokens,
+               "entropy": total["entropy"] / tokens, "mismatch.abs": total["mismatch.abs"] / tokens,
+               "mismatch.kl": total["mismatch.kl"] / tokens, "is_weight.mean": total["is_weight"] / tokens,
+               "grad_norm": float(norm), "lr": lr, "loss_tokens": total["tokens"], "step_s": elapsed}
+        if self.ref_model is not None:
+            out["kl_ref"] = total["kl_ref"] / tokens
+            out["loss.kl"] = total["loss.kl"]
+        return out
+
+    def _micro_step(self, mb: Rows, num_tokens: float, num_seqs: float) -> dict[str, float]:
+        tokens = mb.tokens.to(self.device)
+        positions = torch.arange(tokens.shape[1], device=self.device)
+        attention = (positions[None, :] < mb.lengths.to(self.device)[:, None]).long()
+        with self._autocast():
+            logits = self.wrapped(input_ids=tokens, attention_mask=attention).logits
+        logp, entropy = token_logprobs(logits, tokens, self.cfg.loss.temperature,
+                                       entropy_grad=self.settings.entropy_coef > 0)
+        ref_logp = None
+        if self.ref_model is not None:
+            with torch.no_grad(), self._autocast():
+                ref_logits = self.ref_model(input_ids=tokens, attention_mask=attention).logits
+            ref_logp = token_logprobs(ref_logits, tokens, self.cfg.loss.temperature, with_entropy=False)[0]
+        loss, stats = policy_loss(
+            logp, mb.behaviour.to(self.device), mb.advantages.to(self.device), mb.mask.to(self.device),
+            self.settings, entropy=entropy, ref_logp=ref_logp, num_tokens=num_tokens, num_seqs=num_seqs)
+        (loss * self.world).backward()
+        return {k: v for k, v in stats.items() if k in STAT_KEYS}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The float32 master weights (what gets published, cast to the weights dtype)."""
+        return self.model.state_dict()

@@ -1,0 +1,317 @@
+"""`astraflow trainer --policy P`: one policy's trainer, from `samples.<P>` to `weights`.
+
+Read top to bottom, one iteration of `run()`:
+  1. poll `samples.<P>` (partitions assigned explicitly and positioned at the offsets stored in
+     the last checkpoint: Kafka's committed offsets are only informational), decode (bad records
+     go to `deadletter`), and add to the GroupBuffer;
+  2. with lockstep, wait until every other policy has published our current version;
+  3. take a batch of complete groups (stale samples dropped and counted), train one step;
+  4. every `publish_every` steps: write the new version into the weight store, checkpoint, then
+     announce the WeightVersion event. A version is announced only once checkpointed, and on
+     restart unannounced versions are rolled back and the current one is announced again, so
+     weights published before a crash are never contradicted after it.
+
+Under torchrun, only rank 0 runs Kafka, checkpoints and publication; see trainer/distributed.py.
+
+Metrics (component `trainer`, one Metric per step; sums over the batch unless noted):
+  step, version, loss, loss.pg, loss.kl, clip_fraction, entropy, kl_ref, mismatch.abs (mean
+  |log pi - log mu| on loss tokens), mismatch.kl (k3 estimate of KL(mu || pi)), is_weight.mean,
+  grad_norm, lr, tokens_per_s (all tokens of the batch / step time), batch.groups, batch.samples,
+  batch.tokens, loss_tokens, staleness.lag.<k> (samples of this batch at lag k), staleness.mean,
+  staleness.dropped (stale samples of this batch), and running totals samples.in,
+  samples.duplicate, samples.stale, groups.trained, deadletter.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from astraflow.config import Recipe
+from astraflow.config.kafka import KafkaSettings
+from astraflow.errors import AstraFlowError
+from astraflow.kafka import DeadLetters, Publisher, consumer_config, decode_or_deadletter
+from astraflow.metrics import MetricsReporter
+from astraflow.models import init_checkpoint, load_model, load_tokenizer
+from astraflow.records import Sample
+from astraflow.weights import WeightServer, WeightStore
+from trainer import checkpoint as ckpt
+from trainer import distributed
+from trainer.batching import BadSample, Batch, GroupBuffer
+from trainer.engine import Engine, collate
+
+log = logging.getLogger(__name__)
+#: How often the leader looks for partitions added to its samples topic.
+PARTITION_CHECK_S = 30.0
+
+
+class TrainerError(AstraFlowError):
+    """The trainer cannot run (missing topic, a weight store that lost published versions)."""
+
+
+def run_dir_of(recipe: Recipe, run_dir: str | Path | None) -> Path:
+    return Path(run_dir) if run_dir is not None else Path(recipe.run.dir.replace("{name}", recipe.name))
+
+
+def pick_device(name: str, local_rank: int) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        name = f"cuda:{local_rank}"
+    return torch.device(name)
+
+
+class Trainer:
+    """One policy's trainer process (one rank of it under torchrun)."""
+
+    def __init__(self, recipe: Recipe, policy: str, run_dir: str | Path | None = None,
+                 settings: KafkaSettings | None = None, max_steps: int | None = None) -> None:
+        self.recipe, self.policy, self.cfg = recipe, policy, recipe.trainer
+        recipe.model_for(policy)  # unknown policy: ConfigError now
+        self.run_dir = run_dir_of(recipe, run_dir)
+        self.home = self.run_dir / "trainer" / policy
+        self.max_steps = max_steps or self.cfg.max_steps or recipe.run.max_steps
+        self.device = pick_device(self.cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
+        self.dist = distributed.init(self.device.type)
+        self.settings = settings
+        self.stop_requested = False
+        self.step = self.version = self.batches = self.last_checkpoint = 0
+        self.buffer = GroupBuffer(policy, self.cfg.dedupe_window)
+        self._setup_model()
+
+    # ------------------------------------------------------------------ setup
+
+    def _setup_model(self) -> None:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # one bar per checkpoint would drown the logs
+        init_dir = init_checkpoint(self.recipe.model_for(self.policy), self.run_dir / "init" / self.policy)
+        self.tokenizer = load_tokenizer(init_dir)
+        latest = ckpt.latest_checkpoint(self.home / "checkpoints") if self.dist.leader else None
+        if self.dist.enabled:  # every rank loads the checkpoint the leader chose
+            chosen = torch.tensor([int(latest.name.split("-")[1]) if latest else -1])
+            torch.distributed.broadcast(chosen, src=0, group=self.dist.group)
+            latest = self.home / "checkpoints" / f"step-{int(chosen):08d}" if int(chosen) >= 0 else None
+        self.resumed_from = latest
+        model = load_model(latest or init_dir, dtype="float32")
+        ref = load_model(init_dir, dtype="float32") if self.cfg.loss.kl_coef > 0 else None
+        self.engine = Engine(model, self.cfg, self.device, ref_model=ref, distributed=self.dist.enabled,
+                             pad_id=self.tokenizer.pad_token_id)
+        if latest is not None:
+            ckpt.load_optimizer(latest, self.engine.optimizer)
+            state = ckpt.read_state(latest)
+            self.step, self.version = state["step"], state["version"]
+            self.batches, self.last_checkpoint = state["batches"], state["step"]
+            self.buffer.restore(state["buffer"])
+            log.warning("%s: resumed from %s (step %d, version %d)", self.policy, latest, self.step, self.version)
+
+    def _setup_leader(self) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        settings = self.settings
+        assert settings is not None
+        cfg = self.cfg
+        self.server = None
+        store_root = Path(cfg.store_dir) if cfg.store_dir else self.run_dir / "weights"
+        if cfg.serve_http:
+            self.server = WeightServer(store_root, cfg.http_host, cfg.http_port, advertise_host=cfg.advertise_host)
+            self.server.start()
+        self.store = WeightStore(store_root, self.policy, snapshot_every=cfg.snapshot_every,
+                                 keep_versions=cfg.store_versions(self.recipe.max_staleness),
+                                 compress_level=cfg.compress_level, dtype=cfg.weights_dtype,
+                                 base_uri=self.server.url if self.server else None)
+        self._reconcile_store()
+        self._truncate_ledger()
+        self.publisher = Publisher(settings)
+        self.dead = DeadLetters(self.publisher, "trainer")
+        self.metrics = MetricsReporter(self.publisher, "trainer", f"trainer.{self.policy}", settings.region,
+                                       every_s=cfg.metrics_every_s)
+        self._announce()
+        self.topic = settings.topic(f"samples.{self.policy}")
+        self.consumer: Any = Consumer(consumer_config(settings, f"trainer.{self.policy}",
+                                                      **{"enable.auto.commit": False}))
+        offsets = self.buffer.offsets()
+        parts = self.consumer.list_topics(self.topic, timeout=15).topics[self.topic].partitions
+        if not parts:
+            raise TrainerError(f"topic {self.topic} does not exist (run `astraflow topics apply`)")
+        self.partitions = sorted(parts)
+        self.consumer.assign([TopicPartition(self.topic, p, offsets.get(p, OFFSET_BEGINNING))
+                              for p in self.partitions])
+        self._partition_check = time.monotonic()
+        self.lockstep = None
+        if cfg.lockstep and len(self.recipe.policies) > 1:
+            from trainer.lockstep import PolicyVersions
+
+            self.lockstep = PolicyVersions(settings, self.policy, self.recipe.policy_names)
+
+    def _reconcile_store(self) -> None:
+        """Make the store agree with the checkpoint: drop what was never announced, make sure the
+        current version exists (version 0 at first start)."""
+        self.store.rollback(self.version)
+        if self.store.latest == self.version:
+            return
+        if self.version == 0:
+            self.store.publish(self.engine.state_dict(), 0, step=0)
+            return
+        raise TrainerError(f"{self.policy}: the weight store at {self.store.root} lacks version {self.version} "
+                           "that the checkpoint says was published; restore the store or the run directory")
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self) -> int:
+        """Train until stopped (SIGTERM/SIGINT) or `max_steps`; returns the exit status."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        if self.dist.leader:
+            self._setup_leader()
+        clean = False
+        try:
+            while True:
+                batch = self._next_batch() if self.dist.leader else None
+                if distributed.agree_stop(self.dist, self.stop_requested or self._done()):
+                    break
+                rows = collate(batch.samples, self.tokenizer.pad_token_id) if batch and batch.samples else None
+                totals = (float(rows.mask.sum()), float((rows.mask.sum(-1) > 0).sum())) if rows is not None else (0., 0.)
+                mine, num_tokens, num_seqs, _ = distributed.exchange(self.dist, rows, totals, self.step + 1)
+                if mine is not None:
+                    self._train(batch, mine, num_tokens, num_seqs)
+                elif batch is not None:  # every sample was stale: nothing to train
+                    self._finish_batch(batch, {})
+            clean = True
+        finally:
+            self._close(clean)
+        return 0
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        log.warning("%s: signal %d, stopping after the current step", self.policy, signum)
+        self.stop_requested = True
+
+    def _done(self) -> bool:
+        return self.max_steps is not None and self.step >= self.max_steps
+
+    def _next_batch(self) -> Batch | None:
+        if self.stop_requested or self._done():
+            return None
+        if time.monotonic() - self._partition_check > PARTITION_CHECK_S:
+            self._grow_partitions()
+        queued = bool(self.buffer.ready)
+        for msg in self.consumer.consume(1000, timeout=0.02 if queued else 0.2):
+            if msg.error() is None:
+                self._intake(msg)
+        if self.lockstep is not None and not self.lockstep.ready(self.version):
+            return None
+        return self.buffer.take(self.cfg.batch_groups, self.cfg.batch_tokens, self.version,
+                                self.recipe.max_staleness)
+
+    def _grow_partitions(self) -> None:
+        """Read partitions added to the topic since we started (`astraflow topics apply` grows them)."""
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        self._partition_check = time.monotonic()
+        parts = self.consumer.list_topics(self.topic, timeout=5).topics[self.topic].partitions
+        new = sorted(set(parts) - set(self.partitions))
+        if new:
+            self.consumer.incremental_assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in new])
+            self.partitions += new
+            log.warning("%s: now also reading new partitions %s", self.topic, new)
+
+    def _intake(self, msg: Any) -> None:
+        sample = decode_or_deadletter(msg, Sample, self.dead, frozenset(self.recipe.policy_names))
+        if sample is None:
+            self.buffer.consumed(msg.partition(), msg.offset())
+            return
+        try:
+            self.buffer.add(sample, msg.partition(), msg.offset())
+        except BadSample as exc:
+            self.dead.publish_message(msg, str(exc))
+
+    def _train(self, batch: Batch | None, rows: Any, num_tokens: float, num_seqs: float) -> None:
+        self.step += 1
+        stats = self.engine.step(rows, self.step, num_tokens, num_seqs)
+        if batch is not None:  # the leader
+            stats["tokens_per_s"] = batch.tokens / max(stats["step_s"], 1e-9)
+            self._finish_batch(batch, stats)
+            if self.step % self.cfg.publish_every == 0:
+                self._publish()
+            elif self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
+                self._checkpoint()
+
+    def _finish_batch(self, batch: Batch, stats: dict[str, float]) -> None:
+        self.buffer.done(batch, self.step)
+        self.batches += 1
+        with open(self.home / "trained.jsonl", "a") as fh:  # the audit ledger (see _truncate_ledger)
+            fh.write(json.dumps({"batch": self.batches, "step": self.step, "version": self.version,
+                                 "trained": bool(stats), "groups": batch.group_ids,
+                                 "samples": len(batch.samples), "stale": len(batch.stale)}) + "\n")
+        lags = Counter(batch.lags)
+        values = {**stats, "step": self.step, "version": self.version, "batch.groups": len(batch.groups),
+                  "batch.samples": len(batch.samples), "batch.tokens": batch.tokens,
+                  "staleness.dropped": len(batch.stale),
+                  "staleness.mean": sum(batch.lags) / len(batch.lags) if batch.lags else 0.0,
+                  "deadletter": self.dead.count, **{k: float(v) for k, v in self.buffer.counts.items()}}
+        values.update({f"staleness.lag.{k}": float(lags.get(k, 0)) for k in range(self.recipe.max_staleness + 1)})
+        values.pop("step_s", None)
+        self.metrics.report(values, step=self.step, force=False)
+
+    # ------------------------------------------------------------------ publication and checkpoints
+
+    def _publish(self) -> None:
+        event = self.store.publish(self.engine.state_dict(), self.version + 1, step=self.step)
+        self.version = event.version
+        self._checkpoint()
+        self.publisher.send("weights", event, key=self.policy)
+        self.publisher.flush()
+        log.info("%s: published version %d at step %d", self.policy, self.version, self.step)
+
+    def _announce(self) -> None:
+        self.publisher.send("weights", self.store.event(self.version), key=self.policy)
+        self.publisher.flush()
+
+    def _checkpoint(self) -> None:
+        state: dict[str, Any] = {"policy": self.policy, "version": self.version, "batches": self.batches, "time": time.time(),
+                 "host": socket.gethostname(), "topic": self.topic, "buffer": self.buffer.state()}
+        ckpt.save_checkpoint(self.home / "checkpoints", self.step, self.engine.model, self.tokenizer,
+                             self.engine.optimizer, state, keep=self.cfg.keep_checkpoints)
+        self.last_checkpoint = self.step
+        self._commit_offsets(state["buffer"]["offsets"])
+
+    def _commit_offsets(self, offsets: dict[str, int]) -> None:
+        """Tell Kafka how far we are, for lag monitoring only (restarts use the checkpoint)."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        try:
+            self.consumer.commit(offsets=[TopicPartition(self.topic, int(p), o) for p, o in offsets.items()],
+                                 asynchronous=True)
+        except KafkaException as exc:
+            log.info("offset commit (informational) failed: %s", exc)
+
+    def _truncate_ledger(self) -> None:
+        """Drop ledger lines of batches the checkpoint does not contain (lost in a crash)."""
+        path = self.home / "trained.jsonl"
+        self.home.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            kept = [line for line in path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["batch"] <= self.batches]
+            path.write_text("".join(line + "\n" for line in kept))
+
+    def _close(self, clean: bool) -> None:
+        if self.dist.leader and hasattr(self, "consumer"):
+            if clean and self.step > self.last_checkpoint:
+                self._checkpoint()  # steps since the last publication are kept, not retrained
+            self.consumer.close()
+            if self.lockstep is not None:
+                self.lockstep.close()
+            self.publisher.flush()
+            if self.server is not None:
+                self.server.close()
+        if clean:
+            distributed.shutdown(self.dist)
