@@ -1,0 +1,177 @@
+"""`create_app(recipe)`: the one Faust app of the streams component.
+
+Layout (why one agent): every stage from validate to route runs inside ONE agent on
+`trajectories`, as plain function calls, with no topic between stages. The stages are all keyed
+by group_id, which is already the key (and so the partitioning) of `trajectories`, so an
+intermediate topic would buy no repartitioning, only cost: each 1,024-token trajectory (~13 kB)
+would cross the broker once more per stage, every hop would add latency, and every hop would add
+a crash window between producing and committing. Parallelism comes from the partitions of
+`trajectories` (one streams worker per partition at most). The one place where data must change
+key is `task_stats` (a task's attempts are different groups, on different partitions): its
+per-group summaries go through an internal topic keyed by task_id to a second agent that owns
+the per-task table. Both agents run with concurrency=1 (faust issue #606: with more, faust can
+commit an offset past an in-flight event, which loses it in a crash).
+
+State: two Faust tables (`groups`, `bodies`; memory store, rebuilt from their changelog topics at
+start) and, with `task_stats`, a third (`task_stats`). Faust creates the changelog and internal
+topics; the source and sink topics come from topics.yaml (`astraflow topics apply`), and the app
+refuses to start without them, because Faust would otherwise consume nothing and say little.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from astraflow.config import Recipe
+from astraflow.config.kafka import KafkaSettings
+from astraflow.errors import ConfigError
+from astraflow.kafka import faust_settings, make_admin, resolve
+from streams.api import StageContext
+from streams.grouping import Collector
+from streams.pipeline import build_pipeline
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What the app needs to know about the topics it reads and writes."""
+
+    partitions: dict[str, int]  # full topic name -> partition count
+    replication: int
+
+
+def default_data_dir(app_id: str) -> Path:
+    home = Path(os.environ.get("ASTRAFLOW_HOME") or Path.home() / ".cache" / "astraflow").expanduser()
+    return home / "streams" / app_id
+
+
+def check_topics(settings: KafkaSettings, bases: list[str], timeout: float = 15.0) -> Cluster:
+    """Partition counts of the topics the pipeline needs; a clear ConfigError if any is missing."""
+    try:
+        md = make_admin(settings).list_topics(timeout=timeout)
+    except Exception as exc:  # confluent raises KafkaException with a transport error
+        raise ConfigError(f"streams: cannot reach Kafka at {settings.bootstrap}: {exc}") from None
+    names = [settings.topic(b) for b in bases]
+    missing = [n for n in names if n not in md.topics or md.topics[n].error is not None]
+    if missing:
+        raise ConfigError(
+            f"streams: missing topic(s) {', '.join(missing)} on {settings.bootstrap}. The broker does not "
+            f"create topics on use; create them with `astraflow topics apply --recipe <recipe>` "
+            f"(namespace {settings.namespace!r}).")
+    parts = {n: len(md.topics[n].partitions) for n in names}
+    first = md.topics[names[0]].partitions[0]
+    return Cluster(partitions=parts, replication=max(1, len(first.replicas)))
+
+
+def create_app(recipe: Recipe, *, kafka: KafkaSettings | None = None, data_dir: str | Path | None = None,
+               web_port: int | None = None, instance_id: str | None = None) -> Any:
+    """Build the Faust app for `recipe`'s streams pipeline. Checks the pipeline (names, arguments,
+    order) and the topics before Faust starts. `app.astraflow` is the StreamsRuntime."""
+    import faust
+
+    from streams.faust_glue import AstraFaustApp, FaustTable, register_codec
+    from streams.runtime import StreamsRuntime, Topics, fatal
+
+    register_codec()
+    cfg = recipe.streams
+    settings = resolve(kafka or recipe.kafka)
+    ctx = StageContext(policies=recipe.policy_names, max_staleness=recipe.max_staleness, seed=recipe.seed)
+    pipeline = build_pipeline(cfg, ctx)
+    with_stats = bool(pipeline.task_stats)
+    bases = ["trajectories", *(f"samples.{p}" for p in recipe.policy_names), "deadletter", "metrics"]
+    if with_stats:
+        bases.append("task-stats")
+    cluster = check_topics(settings, bases)
+    traj_topic = settings.topic("trajectories")
+    n_parts = cluster.partitions[traj_topic]
+
+    app_id = settings.group(cfg.app_id)
+    datadir = Path(data_dir or cfg.data_dir or default_data_dir(app_id)).expanduser()
+    datadir.mkdir(parents=True, exist_ok=True)
+    port = web_port or cfg.web_port
+    app = AstraFaustApp(
+        app_id,
+        **faust_settings(settings),
+        store="memory://",
+        datadir=str(datadir),
+        autodiscover=False,
+        web_enabled=port is not None,
+        web_port=port or 6066,
+        processing_guarantee="at_least_once",
+        topic_replication_factor=cluster.replication,
+        topic_partitions=n_parts,
+        broker_commit_interval=cfg.commit_every_s,
+        consumer_auto_offset_reset="earliest",
+        producer_max_batch_size=1 << 20,
+        producer_linger_ms=1,
+        key_serializer="raw",
+        value_serializer="raw",
+    )
+    msgpack_schema = faust.Schema(key_serializer="msgpack", value_serializer="msgpack")
+    # compact quickly: the bodies changelog holds trajectories only until their group is emitted
+    compact = {"segment.ms": "600000", "min.cleanable.dirty.ratio": "0.1",
+               "max.message.bytes": str(settings.message_max_bytes + (1 << 16))}
+    groups = app.Table("groups", partitions=n_parts, schema=msgpack_schema, extra_topic_configs=compact)
+    bodies = app.Table("bodies", partitions=n_parts, schema=msgpack_schema, extra_topic_configs=compact)
+
+    raw = {"key_serializer": "raw", "value_serializer": "raw"}
+    source = app.topic(traj_topic, **raw)
+    samples = {p: app.topic(settings.topic(f"samples.{p}"), **raw) for p in recipe.policy_names}
+    task_updates = task_stats_topic = stats_table = None
+    if with_stats:
+        task_updates = app.topic(f"{app_id}-task-updates", internal=True, partitions=n_parts,
+                                 key_serializer="raw", value_serializer="msgpack")
+        task_stats_topic = app.topic(settings.topic("task-stats"), **raw)
+        stats_table = app.Table("task_stats", partitions=n_parts, schema=msgpack_schema)
+
+    topics = Topics(
+        trajectories=traj_topic, samples=samples,
+        sample_partitions={p: cluster.partitions[settings.topic(f"samples.{p}")] for p in recipe.policy_names},
+        task_updates=task_updates, task_stats=task_stats_topic,
+    )
+    runtime = StreamsRuntime(
+        app, pipeline, Collector(pipeline.group, FaustTable(groups), FaustTable(bodies)), topics, settings,
+        FaustTable(stats_table) if stats_table is not None else None,
+        instance_id or f"streams-{socket.gethostname()}-{os.getpid()}",
+    )
+    app.astraflow = runtime
+
+    @app.agent(source, concurrency=1, name="pipeline")
+    async def pipeline_agent(stream: Any) -> None:
+        async for event in stream.events():
+            try:
+                await runtime.on_trajectory(event.message)
+            except Exception as exc:
+                fatal("the pipeline agent", exc)
+
+    if task_updates is not None:
+        @app.agent(task_updates, concurrency=1, name="task_stats")
+        async def task_stats_agent(stream: Any) -> None:
+            async for event in stream.events():
+                try:
+                    await runtime.on_task_update(event)
+                except Exception as exc:
+                    fatal("the task_stats agent", exc)
+
+    @app.timer(cfg.sweep_every_s, name="sweep")
+    async def sweep() -> None:
+        try:
+            await runtime.sweep()
+        except Exception as exc:
+            fatal("the group sweep", exc)
+
+    @app.timer(cfg.metrics_every_s, name="metrics")
+    async def metrics() -> None:
+        runtime.report()
+
+    @app.on_before_shutdown.connect
+    async def _close(sender: Any, **kwargs: Any) -> None:
+        runtime.close()
+
+    return app

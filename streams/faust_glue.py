@@ -1,0 +1,77 @@
+"""The few things Faust needs from us: a msgpack codec, an idempotent producer, and a table
+adapter whose writes name their changelog partition.
+
+- Codec `msgpack` (registered with `faust.serializers.codecs`): table keys and values, and the
+  internal task-update topic. Wire records themselves travel as `raw` bytes encoded by
+  astraflow.records, so Faust never re-serialises them.
+- `AstraFaustApp`: faust.App whose aiokafka producer runs with `enable_idempotence` and acks=all
+  (faust only turns that on for its exactly_once mode), so a retried send cannot duplicate.
+- `FaustTable`: the `Table` protocol of streams/grouping.py over a faust Table. Faust's own
+  `table[key] = value` takes the changelog partition from the current event and so refuses to
+  work in a timer; the group timeout sweep runs in a timer, and every group entry already knows
+  its partition (that of the `trajectories` partition its trajectories came from), so writes go
+  to that partition explicitly, from the agent and the timer alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import faust
+import msgpack
+from faust.serializers import codecs
+from faust.transport.drivers import aiokafka as faust_aiokafka
+
+
+class MsgpackCodec(codecs.Codec):
+    def _dumps(self, obj: Any) -> bytes:
+        return msgpack.packb(obj, use_bin_type=True)
+
+    def _loads(self, s: bytes) -> Any:
+        return msgpack.unpackb(s, raw=False, strict_map_key=True)
+
+
+def register_codec() -> None:
+    if "msgpack" not in codecs.codecs:
+        codecs.register("msgpack", MsgpackCodec())
+
+
+class _IdempotentProducer(faust_aiokafka.Producer):
+    def _settings_extra(self) -> Any:
+        return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
+
+
+class _Transport(faust_aiokafka.Transport):
+    Producer = _IdempotentProducer
+
+
+class AstraFaustApp(faust.App):
+    """faust.App with an idempotent producer."""
+
+    def _new_transport(self) -> Any:
+        return _Transport(self.conf.broker_consumer, self)
+
+    def _new_producer_transport(self) -> Any:
+        return _Transport(self.conf.broker_producer, self)
+
+
+class FaustTable:
+    """A faust Table seen through the `streams.grouping.Table` protocol."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+    def get(self, key: str) -> Any:
+        return self.table.data.get(key)
+
+    def set(self, key: str, value: Any, partition: int) -> None:
+        self.table.data[key] = value
+        self.table.send_changelog(partition, key, value)
+
+    def delete(self, key: str, partition: int) -> None:
+        self.table.data.pop(key, None)
+        self.table.send_changelog(partition, key, None, value_serializer="raw")
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        return iter(list(self.table.data.items()))

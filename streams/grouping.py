@@ -1,0 +1,177 @@
+"""`group`: collect a group's trajectories until it is complete (or timed out), exactly once.
+
+State lives in two tables (Faust tables in the app, plain dicts in unit tests), both keyed so that
+a group's entries sit in the changelog partition of the `trajectories` partition it came from:
+
+    groups  group_id -> meta: {"p": partition, "state": pending|intent|done, "first": time of the
+            first trajectory, "size": group_size, "ids": [traj_id, ...], "task", "env", "policies",
+            "at": time of the intent / of emission, "targets": [[topic, partition], ...]}
+    bodies  traj_id -> the trajectory's bytes as consumed (already validated)
+
+Life of a group: `pending` while trajectories arrive (a repeated traj_id is dropped as
+`duplicate`); when it holds `group_size` distinct trajectories, or its timeout passes, the app
+writes `intent` (flushed to the changelog before any Sample is produced), produces the Samples,
+then marks it `done` and deletes its bodies. A trajectory of a `done` group is dropped as `late`;
+`done` entries are forgotten after `dedupe_ttl_s`. An `intent` found after a restart means the
+previous run may have produced some of the Samples: the app reads them back before producing the
+rest (see streams/emit.py). This module only decides; it never talks to Kafka.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from astraflow.records import Trajectory
+from streams.api import Stage
+
+PENDING, INTENT, DONE = "pending", "intent", "done"
+Action = Literal["complete", "timeout_emit", "timeout_drop", "expire"]
+
+
+class Table(Protocol):
+    """A key-value table whose writes name the changelog partition they belong to."""
+
+    def get(self, key: str) -> Any: ...
+    def set(self, key: str, value: Any, partition: int) -> None: ...
+    def delete(self, key: str, partition: int) -> None: ...
+    def items(self) -> Iterable[tuple[str, Any]]: ...
+
+
+class DictTable:
+    """An in-memory Table (unit tests, and the reference behaviour of the Faust adapter)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+        self.writes: list[tuple[str, Any, int]] = []
+
+    def get(self, key: str) -> Any:
+        return self.data.get(key)
+
+    def set(self, key: str, value: Any, partition: int) -> None:
+        self.data[key] = value
+        self.writes.append((key, value, partition))
+
+    def delete(self, key: str, partition: int) -> None:
+        self.data.pop(key, None)
+        self.writes.append((key, None, partition))
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        return iter(list(self.data.items()))
+
+
+class GroupStage(Stage):
+    """Arguments of the `group` stage."""
+
+    kind = "group"
+
+    def __init__(self, *, timeout_s: float = 120.0, on_timeout: str = "emit", min_size: int = 1,
+                 dedupe_ttl_s: float = 3600.0) -> None:
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        if on_timeout not in ("emit", "drop"):
+            raise ValueError(f"on_timeout must be 'emit' or 'drop', got {on_timeout!r}")
+        if min_size < 1:
+            raise ValueError("min_size must be at least 1")
+        if dedupe_ttl_s < 0:
+            raise ValueError("dedupe_ttl_s must be >= 0")
+        self.timeout_s, self.on_timeout = float(timeout_s), on_timeout
+        self.min_size, self.dedupe_ttl_s = int(min_size), float(dedupe_ttl_s)
+
+    def __call__(self, group: Any) -> Any:  # the collector does the work; see Collector
+        return group
+
+
+@dataclass(frozen=True)
+class Added:
+    """What `Collector.add` did with one trajectory."""
+
+    outcome: Literal["added", "duplicate", "late", "inconsistent"]
+    ready: bool = False  # the group is complete and not yet emitted
+    reason: str = ""
+
+
+class Collector:
+    """The group state machine over `groups` and `bodies` tables."""
+
+    def __init__(self, stage: GroupStage, groups: Table, bodies: Table) -> None:
+        self.stage, self.groups, self.bodies = stage, groups, bodies
+
+    def add(self, traj: Trajectory, raw: bytes, partition: int, now: float, offset: int = -1) -> Added:
+        gid = traj.group_id
+        meta = self.groups.get(gid)
+        if meta is not None and meta["state"] == DONE:
+            return Added("late")
+        if meta is None:
+            meta = {"p": partition, "state": PENDING, "first": now, "size": traj.group_size, "ids": [],
+                    "offs": [], "task": traj.task_id, "env": traj.env, "policies": list(traj.policies)}
+        else:
+            bad = self._inconsistent(meta, traj)
+            if bad:
+                return Added("inconsistent", reason=bad)
+        if traj.traj_id in meta["ids"]:
+            return Added("duplicate", ready=self.ready(meta))
+        self.bodies.set(traj.traj_id, raw, meta["p"])
+        meta = {**meta, "ids": [*meta["ids"], traj.traj_id], "offs": [*meta["offs"], offset]}
+        self.groups.set(gid, meta, meta["p"])
+        return Added("added", ready=self.ready(meta))
+
+    @staticmethod
+    def _inconsistent(meta: dict[str, Any], traj: Trajectory) -> str:
+        if traj.group_size != meta["size"]:
+            return f"group_size {traj.group_size} differs from {meta['size']} of the group's first trajectory"
+        if list(traj.policies) != list(meta["policies"]):
+            return f"policies {traj.policies} differ from {meta['policies']} of the group's first trajectory"
+        if traj.task_id != meta["task"]:
+            return f"task_id {traj.task_id!r} differs from {meta['task']!r} of the group"
+        return ""
+
+    @staticmethod
+    def ready(meta: dict[str, Any]) -> bool:
+        return meta["state"] in (PENDING, INTENT) and len(meta["ids"]) >= meta["size"]
+
+    def due(self, now: float, partitions: set[int] | None = None) -> list[tuple[str, Action]]:
+        """Groups the sweep must act on, in the given partitions (all if None)."""
+        out: list[tuple[str, Action]] = []
+        for gid, meta in self.groups.items():
+            if meta is None or (partitions is not None and meta["p"] not in partitions):
+                continue
+            if meta["state"] == DONE:
+                if now - meta["at"] >= self.stage.dedupe_ttl_s:
+                    out.append((gid, "expire"))
+            elif self.ready(meta):
+                out.append((gid, "complete"))
+            elif now - meta["first"] >= self.stage.timeout_s:
+                emit = self.stage.on_timeout == "emit" and len(meta["ids"]) >= self.stage.min_size
+                out.append((gid, "timeout_emit" if emit else "timeout_drop"))
+        return out
+
+    def bodies_of(self, gid: str) -> list[tuple[str, bytes]]:
+        meta = self.groups.get(gid)
+        return [(tid, self.bodies.get(tid)) for tid in meta["ids"]] if meta else []
+
+    @staticmethod
+    def offsets(meta: dict[str, Any]) -> list[int]:
+        """Source offsets of the group's trajectories, in `ids` order."""
+        return list(meta.get("offs") or [-1] * len(meta["ids"]))
+
+    def mark_intent(self, gid: str, at: float, targets: list[tuple[str, int]]) -> dict[str, Any]:
+        meta = {**self.groups.get(gid), "state": INTENT, "at": at, "targets": [list(t) for t in targets]}
+        self.groups.set(gid, meta, meta["p"])
+        return meta
+
+    def mark_done(self, gid: str, now: float) -> None:
+        """Emitted (or dropped): keep a small tombstone for dedupe; delete the bodies."""
+        meta = self.groups.get(gid)
+        for tid in meta["ids"]:
+            self.bodies.delete(tid, meta["p"])
+        self.groups.set(gid, {"p": meta["p"], "state": DONE, "at": now}, meta["p"])
+
+    def forget(self, gid: str) -> None:
+        meta = self.groups.get(gid)
+        if meta is not None:
+            self.groups.delete(gid, meta["p"])
+
+    def pending(self) -> int:
+        return sum(1 for _, m in self.groups.items() if m is not None and m["state"] != DONE)

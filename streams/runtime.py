@@ -1,0 +1,252 @@
+"""What the Faust agents of streams/app.py do with each event: the thin layer between Faust and
+the pure algorithms.
+
+- `on_trajectory`: validate (bad -> `deadletter`), add to the group table, emit when complete.
+- `sweep` (a timer): emit groups whose timeout passed, or that became complete without a new
+  event (after a restart), and forget emitted groups past their dedupe TTL.
+- `emit`: run the group algorithms, route, and produce the Samples with the intent protocol of
+  streams/emit.py, so a crash at any point neither loses nor duplicates a Sample.
+- `on_task_update`: fold a group summary into the per-task statistics and publish TaskStats.
+
+The agent and the timer share one asyncio lock: a group is never emitted by both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from astraflow.config.kafka import KafkaSettings
+from astraflow.errors import RecordError
+from astraflow.kafka import DeadLetters, Publisher
+from astraflow.metrics import MetricsReporter
+from astraflow.records import Trajectory, decode, encode
+from streams.api import Group
+from streams.emit import partition_for, read_back
+from streams.grouping import DONE, INTENT, Collector
+from streams.pipeline import Pipeline, StageError
+from streams.stats import fold, to_record
+
+log = logging.getLogger(__name__)
+EX_SOFTWARE = 70
+
+
+def fatal(where: str, exc: BaseException) -> None:
+    """An error that is not bad data (the broker gone for good, a bug): stop at once, like a crash.
+
+    Nothing past the last committed offset is lost, and the protocol of streams/emit.py makes
+    the restart safe, whereas letting Faust shut down cleanly could commit the failed event."""
+    log.critical("streams: fatal error in %s: %s: %s", where, type(exc).__name__, exc, exc_info=exc)
+    logging.shutdown()
+    os._exit(EX_SOFTWARE)
+
+
+@dataclass
+class Topics:
+    """The Faust channels the runtime produces to, and the partition counts it routes with."""
+
+    trajectories: str
+    samples: dict[str, Any]  # policy -> faust topic
+    sample_partitions: dict[str, int]
+    task_updates: Any | None
+    task_stats: Any | None
+
+
+class StreamsRuntime:
+    def __init__(self, app: Any, pipeline: Pipeline, collector: Collector, topics: Topics,
+                 settings: KafkaSettings, stats_table: Any | None, instance_id: str) -> None:
+        self.app, self.pipeline, self.collector, self.topics = app, pipeline, collector, topics
+        self.settings, self.stats_table = settings, stats_table
+        self.policies = frozenset(pipeline.ctx.policies)
+        self.counters = pipeline.counters
+        self.lock = asyncio.Lock()
+        self.cache: dict[str, Trajectory] = {}  # decoded trajectories of pending groups
+        self.arrived: dict[str, float] = {}  # group_id -> when its last trajectory was consumed
+        self.publisher = Publisher(settings)
+        self.dead = DeadLetters(self.publisher, "streams")
+        self.reporter = MetricsReporter(self.publisher, "streams", instance_id, region=settings.region)
+
+    # ---------------------------------------------------------------- trajectories
+
+    async def on_trajectory(self, msg: Any) -> None:
+        c = self.counters
+        c.inc("trajectories.in")
+        c.inc("stage.validate.in")
+        t0 = time.perf_counter()
+        try:
+            traj = self.pipeline.validate(msg.value, msg.key, self.policies)
+        except RecordError as exc:
+            c.inc("stage.validate.deadlettered")
+            await self.deadletter(msg.topic, msg.partition, msg.offset, msg.key, msg.value or b"", str(exc))
+            return
+        finally:
+            c.observe("stage.validate.latency_ms", (time.perf_counter() - t0) * 1000.0)
+        c.inc("stage.validate.out")
+        self.pipeline.ctx.versions.observe(traj)
+        async with self.lock:
+            c.inc("stage.group.in")
+            now = time.time()
+            added = self.collector.add(traj, msg.value, msg.partition, now, msg.offset)
+            if added.outcome == "inconsistent":
+                c.inc("stage.group.deadlettered")
+                await self.deadletter(msg.topic, msg.partition, msg.offset, msg.key, msg.value,
+                                      f"Trajectory {traj.traj_id}: {added.reason}")
+            elif added.outcome in ("duplicate", "late"):
+                c.inc(f"stage.group.dropped.{added.outcome}")
+                c.inc(f"trajectories.dropped.{added.outcome}")
+            else:
+                self.cache[traj.traj_id] = traj
+                self.arrived[traj.group_id] = now
+            if added.ready:
+                await self.emit(traj.group_id, "complete")
+
+    async def deadletter(self, topic: str, partition: int, offset: int, key: bytes | None, raw: bytes,
+                         error: str) -> None:
+        """Dead-letter one record and wait for the broker's ack: its offset may be committed next."""
+        self.dead.publish(topic, partition, offset, key, raw, error)
+        self.counters.inc("trajectories.deadlettered")
+        self.counters.inc("deadletter.count")
+        await asyncio.get_running_loop().run_in_executor(None, self.publisher.flush, 60.0)
+
+    # ---------------------------------------------------------------- sweep
+
+    def _ready_for_sweep(self) -> bool:
+        recovery = self.app.tables.recovery
+        return not (self.app.rebalancing or recovery.in_recovery or not recovery.completed.is_set())
+
+    def assigned_partitions(self) -> set[int]:
+        return {tp.partition for tp in self.app.assignor.assigned_actives()
+                if tp.topic == self.topics.trajectories}
+
+    async def sweep(self) -> None:
+        if not self._ready_for_sweep():
+            return
+        async with self.lock:
+            for gid, action in self.collector.due(time.time(), self.assigned_partitions()):
+                if action == "expire":
+                    self.collector.forget(gid)
+                else:
+                    await self.emit(gid, action)
+        self.counters.gauge("groups.pending", self.collector.pending())
+        self.counters.gauge("trajectories.pending", sum(
+            len(m["ids"]) for _, m in self.collector.groups.items() if m is not None and m["state"] != DONE))
+
+    # ---------------------------------------------------------------- emit
+
+    def _group(self, gid: str, meta: dict[str, Any], complete: bool) -> Group:
+        trajs = []
+        for tid, raw in self.collector.bodies_of(gid):
+            traj = self.cache.get(tid)
+            if traj is None:  # after a restart: the table holds the bytes, validated when consumed
+                traj = decode(raw, Trajectory, self.policies)
+            trajs.append(traj)
+        return Group(group_id=gid, task_id=meta["task"], env=meta["env"], policies=list(meta["policies"]),
+                     group_size=meta["size"], trajectories=trajs, complete=complete)
+
+    async def emit(self, gid: str, action: str) -> None:
+        """Finish one group (caller holds the lock)."""
+        c = self.counters
+        meta = self.collector.groups.get(gid)
+        if meta is None or meta["state"] == DONE:
+            return
+        n = len(meta["ids"])
+        if action == "timeout_drop":
+            c.inc("groups.timeout_dropped")
+            c.inc("stage.group.dropped.timeout", n)
+            c.inc("trajectories.dropped.timeout", n)
+            self._finish(gid, meta)
+            return
+        c.inc("groups.timeout_emitted" if action == "timeout_emit" else "groups.complete")
+        group = self._group(gid, meta, complete=action == "complete")
+        c.inc("stage.group.out", n)
+        try:
+            outputs = self.pipeline.run(group)
+            samples = self.pipeline.to_samples(outputs)
+        except StageError as exc:
+            # a stage (often a plug-in) failed on this group: its trajectories go to deadletter
+            offsets = self.collector.offsets(meta)
+            for (tid, raw), offset in zip(self.collector.bodies_of(gid), offsets, strict=True):
+                await self.deadletter(self.topics.trajectories, meta["p"], offset, gid.encode(), raw,
+                                      f"Trajectory {tid}: {exc}")
+            self._finish(gid, meta)
+            return
+        summaries = [s for stage in self.pipeline.task_stats for s in stage.take()]
+        records = [(s.policy, partition_for(s.group_id, self.topics.sample_partitions[s.policy]), s)
+                   for s in samples]
+        emitted = bool(records)
+        if records:
+            targets = sorted({(self.topics.samples[p].get_topic_name(), part) for p, part, _ in records})
+            if meta["state"] == INTENT:
+                records = await self._recover(gid, meta, records)
+            else:
+                self.collector.mark_intent(gid, time.time(), targets)
+                await self.app.producer.flush()  # the intent is durable before any Sample exists
+        futures = []
+        for policy, part, sample in records:
+            topic = self.topics.samples[policy]
+            futures.append(await topic.send(key=sample.group_id.encode(), value=encode(sample, self.policies),
+                                            partition=part))
+            c.inc(f"samples.out.{policy}")
+        if self.topics.task_updates is not None:
+            for summary in summaries:
+                futures.append(await self.topics.task_updates.send(key=summary["task"].encode(), value=summary))
+        await asyncio.gather(*futures)
+        done = time.time()
+        if emitted:
+            c.inc("groups.emitted")
+            if gid in self.arrived:
+                c.observe("latency.emit_ms", (done - self.arrived[gid]) * 1000.0)
+            newest = max((t.created_at for t in group.trajectories), default=done)
+            c.observe("latency.e2e_ms", max(0.0, done - newest) * 1000.0)
+        self._finish(gid, meta)
+
+    async def _recover(self, gid: str, meta: dict[str, Any], records: list[tuple[str, int, Any]]) -> list:
+        """A previous worker died while emitting this group: send only what is not on the topics."""
+        targets = [(t, p) for t, p in meta.get("targets", [])]
+        targets += [(self.topics.samples[pol].get_topic_name(), part) for pol, part, _ in records]
+        keys = {s.group_id for _, _, s in records}
+        loop = asyncio.get_running_loop()
+        found = await loop.run_in_executor(None, read_back, self.settings, targets, keys, meta["at"])
+        missing = [r for r in records
+                   if (self.topics.samples[r[0]].get_topic_name(), r[2].traj_id) not in found]
+        self.counters.inc("groups.recovered")
+        self.counters.inc("samples.recovered", len(records) - len(missing))
+        log.warning("group %s: recovered an interrupted emission; %d of %d Samples were already on the "
+                    "topics", gid, len(records) - len(missing), len(records))
+        return missing
+
+    def _finish(self, gid: str, meta: dict[str, Any]) -> None:
+        for tid in meta["ids"]:
+            self.cache.pop(tid, None)
+        self.arrived.pop(gid, None)
+        self.collector.mark_done(gid, time.time())
+
+    # ---------------------------------------------------------------- task stats
+
+    async def on_task_update(self, event: Any) -> None:
+        summary = event.value
+        task = summary["task"]
+        state, applied = fold(self.stats_table.get(task), summary)
+        if not applied:
+            self.counters.inc("task_stats.duplicates")
+            return
+        self.stats_table.set(task, state, event.message.partition)
+        record = to_record(task, state)
+        await self.topics.task_stats.send(key=task.encode(), value=encode(record))
+        self.counters.inc("task_stats.published")
+
+    # ---------------------------------------------------------------- metrics
+
+    def report(self) -> None:
+        self.reporter.report(self.counters.snapshot())
+        self.publisher.poll(0)
+
+    def close(self) -> None:
+        try:
+            self.report()
+        finally:
+            self.publisher.flush(30.0)
