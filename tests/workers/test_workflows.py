@@ -1,0 +1,125 @@
+"""Workflows: token-level bookkeeping (owners, log-probs, versions), per-policy rewards, and the
+trajectories an episode becomes (deterministic ids, error episodes)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from astraflow.records import Task, decode, encode
+from workers.engines.base import GenResult, SamplingParams
+from workers.engines.torch_engine import TorchEngine
+from workers.episodes import Runtime, run_episode
+
+from .conftest import make_recipe
+
+
+class Scripted:
+    """A test engine that answers with a fixed script of texts, recording the prompts it saw."""
+
+    def __init__(self, policy: str, codec: Any, replies: list[str], version: int = 0) -> None:
+        self.policy, self.codec, self.replies, self._version = policy, codec, list(replies), version
+        self.prompts: list[list[int]] = []
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(self, prompt: Sequence[int], params: SamplingParams) -> GenResult:
+        self.prompts.append(list(prompt))
+        ids = self.codec.ids(self.replies.pop(0))[: params.max_tokens]
+        return GenResult(ids, [-0.5] * len(ids), [self._version] * len(ids), "stop")
+
+
+def episode(recipe: Any, codec: Any, task: Task, engines: dict[str, Any], k: int = 0) -> list[Any]:
+    trajs, _ = asyncio.run(run_episode(Runtime(recipe, codec), task, k, engines, "w", "eu"))
+    return trajs
+
+
+def test_agent_multi_turn_token_in_token_out(codec: Any) -> None:
+    recipe = make_recipe(feeder={"env": "guess_number"})
+    task = Task(task_id="g-6", env="guess_number", roles={"agent": "policy"}, group_size=4, prompt="G8:",
+                payload={"secret": 6, "max_number": 8})
+    eng = Scripted("policy", codec, ["3", "7", "6"], version=2)
+    [t] = episode(recipe, codec, task, {"policy": eng}, k=1)
+    assert codec.text(t.tokens.tolist()) == "<bos>G8:3>7<6"
+    assert t.owner.tolist() == [-1] * 4 + [0, -1, 0, -1, 0]
+    assert t.versions.tolist() == [-1] * 4 + [2, -1, 2, -1, 2]
+    assert np.allclose(t.logprobs[t.owner == 0], -0.5) and (t.logprobs[t.owner < 0] == 0).all()
+    # each turn saw exactly the tokens so far: observations appended, model tokens kept as they were
+    assert eng.prompts[2] == t.tokens.tolist()[:-1]
+    assert t.rewards == {"policy": 1.0} and t.traj_id == "g-6#0#1" and t.group_size == 4 and t.region == "eu"
+    assert decode(encode(t)) == t
+
+
+def test_solve_and_verify_rewards(codec: Any) -> None:
+    recipe = make_recipe(policies=[{"name": "A"}, {"name": "B"}], worker={"workflow": "solve_and_verify"})
+    task = Task(task_id="s", env="arithmetic", roles={"solver": "A", "verifier": "B"}, prompt="3+4=",
+                payload={"answer": "7"})
+    # wrong answer, verifier rejects (right verdict), retry correct
+    a, b = Scripted("A", codec, ["6", "7"]), Scripted("B", codec, ["n"])
+    [t] = episode(recipe, codec, task, {"A": a, "B": b})
+    assert codec.text(t.tokens.tolist()) == "<bos>3+4=6?n=7"
+    assert t.policies == ["A", "B"] and t.owner.tolist() == [-1] * 5 + [0, -1, 1, -1, 0]
+    assert t.rewards == {"A": 1.0, "B": 1.0}
+    # correct answer, verifier rejects (wrong verdict), retry wrong
+    [t] = episode(recipe, codec, task, {"A": Scripted("A", codec, ["7", "5"]), "B": Scripted("B", codec, ["n"])})
+    assert t.rewards == {"A": 0.0, "B": 0.0}
+    # wrong answer approved: solver 0, verifier 0; no retry
+    [t] = episode(recipe, codec, task, {"A": Scripted("A", codec, ["1"]), "B": Scripted("B", codec, ["y"])})
+    assert codec.text(t.tokens.tolist()) == "<bos>3+4=1?y" and t.rewards == {"A": 0.0, "B": 0.0}
+
+
+def test_referential_game_keeps_views_apart(codec: Any) -> None:
+    recipe = make_recipe(policies=[{"name": "S"}, {"name": "L"}], feeder={"env": "referential_game"})
+    task = Task(task_id="r", env="referential_game", roles={"speaker": "S", "listener": "L"}, group_size=3,
+                payload={"candidates": "ABCD", "target": 2})
+    s, li = Scripted("S", codec, ["q"]), Scripted("L", codec, ["C"])
+    said, heard = episode(recipe, codec, task, {"S": s, "L": li}, k=1)
+    assert codec.text(said.tokens.tolist()) == "<bos>ABCD>C:q"
+    assert codec.text(heard.tokens.tolist()) == "<bos>ABCD|q:C"
+    assert codec.text(li.prompts[0]) == "<bos>ABCD|q:"  # the listener never saw the target
+    assert heard.owner.tolist()[-3:] == [-1, -1, 0]  # the message is an environment token for the listener
+    assert said.rewards == {"S": 1.0} and heard.rewards == {"L": 1.0}
+    assert [said.sample_index, heard.sample_index] == [2, 3] and said.group_size == 6
+    assert [said.traj_id, heard.traj_id] == ["r#0#2", "r#0#3"]
+
+
+def test_failing_episode_yields_error_trajectories(codec: Any) -> None:
+    recipe = make_recipe()
+    task = Task(task_id="bad", env="arithmetic", roles={"agent": "policy"}, prompt="1+1=", payload={})
+    [t] = episode(recipe, codec, task, {"policy": Scripted("policy", codec, ["2"])})
+    assert t.finish_reason == "error" and "answer" in t.error and t.rewards == {"policy": 0.0}
+
+
+@pytest.mark.slow
+def test_every_builtin_env_runs_on_the_torch_engine(codec: Any, tiny_checkpoint: Path) -> None:
+    import itertools
+
+    from workers.registry import environment_class
+
+    async def main() -> None:
+        engine = TorchEngine("policy", str(tiny_checkpoint), seed=0)
+        for name in ("arithmetic", "guess_number", "search", "code"):
+            recipe = make_recipe(feeder={"env": name})
+            env = environment_class(name)()
+            spec, attempt = next(itertools.islice(env.tasks(0), 0, None))
+            task = Task(task_id=spec.key, env=name, roles={"agent": "policy"}, group_size=2, prompt=spec.prompt,
+                        payload=spec.payload, attempt=attempt)
+            runtime = Runtime(recipe, codec)
+            results = await asyncio.gather(*(run_episode(runtime, task, k, {"policy": engine}, "w", "r")
+                                             for k in range(2)))
+            for trajs, tokens in results:
+                [t] = trajs
+                assert t.finish_reason in ("stop", "length"), (name, t.error)
+                assert tokens == int((t.owner == 0).sum()) > 0
+                assert (t.versions[t.owner == 0] == 0).all() and (t.logprobs[t.owner == 0] < 0).all()
+                decode(encode(t))
+        await engine.close()
+
+    asyncio.run(main())
