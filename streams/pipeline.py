@@ -140,14 +140,14 @@ def build_pipeline(config: StreamsConfig, ctx: StageContext) -> Pipeline:
     seen_advantage = False
     for i, (spec, stage) in enumerate(zip(specs[2:-1], built[2:-1], strict=True), start=2):
         where = f"streams.pipeline[{i}] ({spec.name})"
+        if spec.name in ("validate", "group", "route"):
+            raise ConfigError(f"{where}: {spec.name!r} may appear only once")
         kind = getattr(stage, "kind", "transform")
         if kind not in KINDS:
             raise ConfigError(f"{where}: {spec.name!r} declares kind {kind!r}; a stage between group and "
                               f"route must be one of {', '.join(KINDS)}")
         if not callable(stage):
             raise ConfigError(f"{where}: {spec.name!r} is not callable with a Group")
-        if spec.name in ("validate", "group", "route"):
-            raise ConfigError(f"{where}: {spec.name!r} may appear only once")
         seen_advantage |= kind == "advantage"
         setup = getattr(stage, "setup", None)
         if callable(setup):

@@ -1,0 +1,89 @@
+"""The group state machine over plain tables: dedupe, completion, timeouts, intent/done, TTL."""
+
+from __future__ import annotations
+
+from streams.grouping import DONE, INTENT, PENDING, Collector, DictTable, GroupStage
+from tests.streams.factory import make_traj, raw
+
+
+def collector(**kw: object) -> Collector:
+    return Collector(GroupStage(**kw), DictTable(), DictTable())  # type: ignore[arg-type]
+
+
+def test_collects_until_complete_and_drops_duplicate_traj_ids() -> None:
+    c = collector()
+    t = [make_traj("t0", i, group_size=3) for i in range(3)]
+    assert c.add(t[0], raw(t[0]), partition=5, now=10.0, offset=100).outcome == "added"
+    dup = c.add(t[0], raw(t[0]), partition=5, now=11.0, offset=101)
+    assert (dup.outcome, dup.ready) == ("duplicate", False)
+    assert not c.add(t[1], raw(t[1]), 5, 12.0, 102).ready
+    last = c.add(t[2], raw(t[2]), 5, 13.0, 103)
+    assert (last.outcome, last.ready) == ("added", True)
+    meta = c.groups.get("t0#0")
+    assert meta["ids"] == ["t0#0#0", "t0#0#1", "t0#0#2"] and meta["offs"] == [100, 102, 103]
+    assert meta["first"] == 10.0 and meta["state"] == PENDING
+    assert c.bodies_of("t0#0")[1] == ("t0#0#1", raw(t[1]))
+    # every write names the partition the group came from
+    assert {p for _, _, p in c.groups.writes + c.bodies.writes} == {5}
+    assert c.due(now=14.0) == [("t0#0", "complete")]
+
+
+def test_a_duplicate_of_a_complete_group_reports_ready() -> None:
+    # after a restart the last trajectory is re-delivered: the group is complete but not emitted
+    c = collector()
+    t = [make_traj("t0", i, group_size=2) for i in range(2)]
+    for x in t:
+        c.add(x, raw(x), 0, 1.0)
+    assert c.add(t[1], raw(t[1]), 0, 2.0).ready
+
+
+def test_intent_then_done_keeps_a_tombstone_and_drops_late_trajectories() -> None:
+    c = collector(dedupe_ttl_s=100.0)
+    t = [make_traj("t0", i, group_size=2) for i in range(2)]
+    for x in t:
+        c.add(x, raw(x), 3, 1.0)
+    meta = c.mark_intent("t0#0", at=2.0, targets=[("ns.samples.policy", 1)])
+    assert meta["state"] == INTENT and meta["targets"] == [["ns.samples.policy", 1]]
+    assert c.due(now=2.5) == [("t0#0", "complete")]  # an intent is still owed
+    c.mark_done("t0#0", now=3.0)
+    assert c.groups.get("t0#0") == {"p": 3, "state": DONE, "at": 3.0}
+    assert c.bodies.data == {}
+    assert c.add(t[0], raw(t[0]), 3, 4.0).outcome == "late"
+    assert c.due(now=50.0) == []
+    assert c.due(now=103.0) == [("t0#0", "expire")]
+    c.forget("t0#0")
+    assert c.groups.data == {} and c.groups.writes[-1] == ("t0#0", None, 3)
+
+
+def test_timeouts_emit_partial_groups_or_drop_small_ones() -> None:
+    c = collector(timeout_s=30.0, on_timeout="emit", min_size=2)
+    a = [make_traj("a", i, group_size=4) for i in range(2)]
+    b = [make_traj("b", 0, group_size=4)]
+    for x in a + b:
+        c.add(x, raw(x), 0, 100.0)
+    assert c.due(now=129.0) == []
+    assert sorted(c.due(now=130.0)) == [("a#0", "timeout_emit"), ("b#0", "timeout_drop")]
+    d = collector(timeout_s=30.0, on_timeout="drop")
+    d.add(a[0], raw(a[0]), 0, 100.0)
+    assert d.due(now=200.0) == [("a#0", "timeout_drop")]
+
+
+def test_due_only_looks_at_assigned_partitions() -> None:
+    c = collector(timeout_s=1.0)
+    x, y = make_traj("a", 0, group_size=2), make_traj("b", 0, group_size=2)
+    c.add(x, raw(x), 0, 0.0)
+    c.add(y, raw(y), 1, 0.0)
+    assert c.due(now=5.0, partitions={1}) == [("b#0", "timeout_emit")]
+    assert c.pending() == 2
+
+
+def test_inconsistent_members_are_refused() -> None:
+    c = collector()
+    x = make_traj("t0", 0, group_size=3)
+    c.add(x, raw(x), 0, 0.0)
+    other_size = make_traj("t0", 1, group_size=4)
+    res = c.add(other_size, raw(other_size), 0, 0.0)
+    assert res.outcome == "inconsistent" and "group_size 4 differs from 3" in res.reason
+    other_policies = make_traj("t0", 1, group_size=3, policies=("a", "b"))
+    assert "policies" in c.add(other_policies, raw(other_policies), 0, 0.0).reason
+    assert c.groups.get("t0#0")["ids"] == ["t0#0#0"]

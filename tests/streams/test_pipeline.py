@@ -1,0 +1,170 @@
+"""Validation of records, building the recipe's pipeline (names, arguments, order), the
+registry of built-ins and plug-ins, and per-stage counting."""
+
+from __future__ import annotations
+
+import math
+from importlib import metadata
+
+import msgpack
+import numpy as np
+import pytest
+
+from astraflow.config.streams import StageConfig, StreamsConfig
+from astraflow.errors import ConfigError, RecordError
+from astraflow.records import encode
+from streams import registry
+from streams.api import Group, StageContext
+from streams.pipeline import StageError, build_pipeline
+from streams.validate import Validate
+from tests.streams.factory import make_group, make_traj
+
+POLICIES = frozenset({"policy"})
+
+
+def ctx() -> StageContext:
+    return StageContext(policies=["policy"], max_staleness=2)
+
+
+def pipeline(*names: str | tuple[str, dict]) -> StreamsConfig:
+    stages = [StageConfig(name=n) if isinstance(n, str) else StageConfig(name=n[0], args=n[1]) for n in names]
+    return StreamsConfig(pipeline=stages)
+
+
+# ---------------------------------------------------------------- validate
+
+
+def test_validate_accepts_a_good_trajectory() -> None:
+    t = make_traj("t0", 1, group_size=2)
+    assert Validate()(encode(t), b"t0#0", POLICIES) == t
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda b: b"\x00not msgpack", "<bytes>"),
+    (lambda b: {**b, "group_id": "other#0"}, "group_id"),
+    (lambda b: {**b, "traj_id": "t0#0#7"}, "traj_id"),
+    (lambda b: {**b, "policies": ["stranger"], "rewards": {"stranger": 1.0}}, "policies[0]"),
+    (lambda b: {**b, "rewards": {"policy": math.nan}}, "rewards.policy"),
+    (lambda b: {**b, "logprobs": b["logprobs"][:-1]}, "logprobs"),
+    (lambda b: {**b, "t": "Sample"}, "t"),
+])
+def test_validate_names_the_bad_field(mutate, field) -> None:  # type: ignore[no-untyped-def]
+    t = make_traj("t0", 1, group_size=2)
+    body = msgpack.unpackb(encode(t), raw=False)
+    bad = mutate(body)
+    data = bad if isinstance(bad, bytes) else msgpack.packb(bad, use_bin_type=True)
+    with pytest.raises(RecordError) as err:
+        Validate()(data, b"t0#0", POLICIES)
+    assert err.value.field == field
+
+
+def test_validate_checks_the_key_and_length() -> None:
+    t = make_traj("t0", 0)
+    with pytest.raises(RecordError, match="Kafka key 'zzz' is not the group_id 't0#0'"):
+        Validate()(encode(t), b"zzz", POLICIES)
+    with pytest.raises(RecordError, match="key None"):
+        Validate()(encode(t), None, POLICIES)
+    Validate(check_key=False)(encode(t), None, POLICIES)
+    with pytest.raises(RecordError, match="exceed the limit 4"):
+        Validate(max_tokens=4)(encode(t), b"t0#0", POLICIES)
+    with pytest.raises(RecordError, match="null value"):
+        Validate()(None, b"t0#0", POLICIES)
+
+
+# ---------------------------------------------------------------- building
+
+
+def test_default_pipeline_builds() -> None:
+    p = build_pipeline(StreamsConfig(), ctx())
+    assert p.names == ["validate", "group", "task_stats", "errored", "grpo", "route"]
+
+
+def test_unknown_name_lists_the_known_ones() -> None:
+    with pytest.raises(ConfigError) as err:
+        build_pipeline(pipeline("validate", "group", "gpro", "route"), ctx())
+    msg = str(err.value)
+    assert "unknown algorithm 'gpro'" in msg and "grpo" in msg and "rloo" in msg and "zero_variance" in msg
+
+
+def test_bad_arguments_name_the_stage_and_key() -> None:
+    with pytest.raises(ConfigError, match=r"pipeline\[2\] \(grpo\): unknown argument 'epsilon'.*it takes: ddof, eps"):
+        build_pipeline(pipeline("validate", "group", ("grpo", {"epsilon": 1}), "route"), ctx())
+    with pytest.raises(ConfigError, match=r"pipeline\[1\] \(group\): bad arguments.*on_timeout"):
+        build_pipeline(pipeline("validate", ("group", {"on_timeout": "explode"}), "grpo", "route"), ctx())
+
+
+@pytest.mark.parametrize("names, message", [
+    (("group", "validate", "grpo", "route"), "must start with 'validate'"),
+    (("validate", "grpo", "group", "route"), "'group' must follow 'validate'"),
+    (("validate", "group", "route", "grpo"), "must end with 'route'"),
+    (("validate", "group", "zero_variance", "route"), "no advantage estimator"),
+    (("validate", "group", "grpo", "grpo", "route"), "'grpo' appears more than once"),
+    (("validate", "group", "validate", "grpo", "route"), "may appear only once"),
+])
+def test_pipeline_order_is_checked(names, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match=message):
+        build_pipeline(pipeline(*names), ctx())
+
+
+def test_plugins_come_from_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Clip:
+        kind = "transform"
+
+        def __init__(self, *, limit: float = 0.5) -> None:
+            self.limit = limit
+
+        def __call__(self, group: Group) -> Group:
+            return group
+
+    eps = [metadata.EntryPoint(name="clip", value="x:Clip", group=registry.ENTRY_POINT_GROUP),
+           metadata.EntryPoint(name="grpo", value="x:Evil", group=registry.ENTRY_POINT_GROUP)]
+    monkeypatch.setattr(registry.metadata, "entry_points", lambda group: eps if group == registry.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(metadata.EntryPoint, "load", lambda self: Clip)
+    assert "clip" in registry.known_names()
+    assert registry.resolve("grpo").__name__ == "GRPO"  # a plug-in cannot shadow a built-in
+    p = build_pipeline(pipeline("validate", "group", ("clip", {"limit": 2.0}), "grpo", "route"), ctx())
+    assert p.names[2] == "clip" and p.stages[0][1].limit == 2.0
+
+
+# ---------------------------------------------------------------- running
+
+
+def test_run_counts_per_stage_and_trajectory_totals() -> None:
+    p = build_pipeline(pipeline("validate", "group", "truncated", "zero_variance", "grpo", "route"), ctx())
+    g = make_group([1.0, 0.0, 1.0, 0.0])
+    g.trajectories[3] = make_traj("t0", 3, finish="length", rewards=0.0)
+    out = p.run(g)
+    samples = p.to_samples(out)
+    assert len(samples) == 3
+    flat = p.run(make_group([1.0, 1.0], task="t1"))
+    assert flat == []
+    v = p.counters.snapshot()
+    assert v["stage.truncated.in"] == 6 and v["stage.truncated.out"] == 5
+    assert v["stage.truncated.dropped.truncated"] == 1
+    assert v["stage.zero_variance.dropped.zero_variance"] == 2 and v["stage.zero_variance.out"] == 3
+    assert v["trajectories.out"] == 3 and v["groups.dropped"] == 1
+    assert p.counters.dropped_total() == 3
+    assert "stage.grpo.latency_ms.p99" in v
+
+
+def test_a_failing_stage_raises_stage_error() -> None:
+    p = build_pipeline(pipeline("validate", "group", "grpo", "route"), ctx())
+
+    def boom(group: Group) -> Group:
+        raise ZeroDivisionError("oops")
+
+    p.stages.insert(0, ("boom", boom))
+    with pytest.raises(StageError, match="stage 'boom' failed on group t0#0: ZeroDivisionError: oops"):
+        p.run(make_group([1.0, 0.0]))
+
+
+def test_replays_are_counted_apart_from_fresh_trajectories() -> None:
+    p = build_pipeline(pipeline("validate", "group", "grpo", ("replay", {"times": 1, "delay": 1}), "route"), ctx())
+    samples = []
+    for i in range(3):
+        samples += p.to_samples(p.run(make_group([1.0, 0.0], task=f"t{i}")))
+    v = p.counters.snapshot()
+    assert v["trajectories.out"] == 6 and v["trajectories.replayed"] == 4 and v["groups.replayed"] == 2
+    replayed = [s for s in samples if s.replayed]
+    assert [s.group_id for s in replayed] == ["t0#0~r1", "t0#0~r1", "t1#0~r1", "t1#0~r1"]
+    assert np.allclose([s.advantages.sum() for s in replayed], [s.advantages.sum() for s in samples[:2] * 2])
