@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.config import KafkaSettings, Recipe
-from astraflow.errors import AstraFlowError, ConfigError
+from astraflow.errors import ConfigError
 from astraflow.kafka import DeadLetters, Publisher, consumer_config
 from astraflow.metrics import MetricsReporter
 from astraflow.records import RecordError, Task, TaskStats, WeightVersion, decode
+from workers.follower import high_watermarks
 from workers.registry import environment_class, workflow_class
 
 log = logging.getLogger(__name__)
@@ -114,16 +115,10 @@ class Feeder:
         if self.cfg.selective.enabled:
             names.append(self.settings.topic("task-stats"))
         parts = []
-        md = consumer.list_topics(timeout=15)
-        for name in names + [self.settings.topic("tasks")]:
-            if name not in md.topics:
-                raise AstraFlowError(f"topic {name} does not exist (run `astraflow topics apply`)")
         for name in names:
-            parts += [TopicPartition(name, p, OFFSET_BEGINNING) for p in md.topics[name].partitions]
+            parts += [TopicPartition(name, p, OFFSET_BEGINNING) for p in high_watermarks(consumer, name)]
         consumer.assign(parts)
-        tasks = self.settings.topic("tasks")
-        self.published = sum(consumer.get_watermark_offsets(TopicPartition(tasks, p), timeout=15)[1]
-                             for p in md.topics[tasks].partitions)
+        self.published = sum(high_watermarks(consumer, self.settings.topic("tasks")).values())
         return consumer
 
     def _read_progress(self, consumer: Any, budget_s: float = 0.0) -> None:

@@ -29,6 +29,25 @@ log = logging.getLogger(__name__)
 TOPIC = "weights"
 
 
+def high_watermarks(consumer: Any, topic: str, timeout: float = 30.0) -> dict[int, int]:
+    """End offset of every partition of `topic`, retrying while a fresh topic has no leader yet."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            md = consumer.list_topics(topic, timeout=15)
+            meta = md.topics.get(topic)
+            if meta is None or meta.error is not None or not meta.partitions:
+                raise AstraFlowError(f"topic {topic} does not exist (run `astraflow topics apply`)")
+            return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)[1]
+                    for p in sorted(meta.partitions)}
+        except (KafkaException, AstraFlowError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 class WeightFollower:
     def __init__(self, settings: KafkaSettings, engines: dict[str, Engine], loop: asyncio.AbstractEventLoop,
                  dead: DeadLetters, cache_dir: Path | None = None,
@@ -56,13 +75,9 @@ class WeightFollower:
         """Assign every partition from the beginning; returns the high watermarks."""
         from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-        md = self.consumer.list_topics(self.topic, timeout=15)
-        meta = md.topics.get(self.topic)
-        if meta is None or meta.error is not None or not meta.partitions:
-            raise AstraFlowError(f"topic {self.topic} does not exist (run `astraflow topics apply`)")
-        parts = sorted(meta.partitions)
-        self.consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in parts])
-        return {p: self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=15)[1] for p in parts}
+        high = high_watermarks(self.consumer, self.topic)
+        self.consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in high])
+        return high
 
     def catch_up(self, timeout: float = 60.0) -> dict[str, WeightVersion]:
         """Read the topic to its end and apply the newest version of each policy (blocking; call it
