@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,7 +79,7 @@ class Run:
         self.recipe_path = recipe_path.resolve()
         self.recipe = load_recipe(recipe_path)
         self.opts = opts
-        self.console = console or Console(stderr=True)
+        self.console = console or Console(stderr=True, soft_wrap=not sys.stderr.isatty())
         self.run_dir = run_dir_of(self.recipe, opts.run_dir).resolve()
         self.events: list[str] = []
         self.stop_reason = "running"
@@ -154,13 +155,21 @@ class Run:
         extra = {"recipe": self.recipe.name, "run_dir": str(self.run_dir), "stop_reason": self.stop_reason,
                  "wall_minutes": (time.time() - started) / 60, "restarts": restarts,
                  "deadletters": collector.snapshot().deadletters if collector else 0,
-                 "checkpoints": sorted(str(p) for p in self.run_dir.glob("checkpoints/*/latest*")),
+                 "checkpoints": self._latest_checkpoints(),
                  "failed": [c.name for c in sup.failed()] if sup else []}
         summary = write_report(self.run_dir, extra)
         self.console.print(summary_text(summary), highlight=False)
         self.console.print(f"report: {self.run_dir}/summary.txt, plots in {self.run_dir}/plots, "
                            f"tensorboard --logdir {self.run_dir}/tensorboard", highlight=False)
         return summary
+
+    def _latest_checkpoints(self) -> dict[str, str]:
+        out = {}
+        for policy in self.recipe.policy_names:
+            found = sorted((self.run_dir / "trainer" / policy / "checkpoints").glob("step-*"))
+            if found:
+                out[policy] = str(found[-1])
+        return out
 
     def _watch(self, sup: Supervisor, collector: Collector, started: float) -> None:
         max_steps = self.opts.max_steps or self.recipe.run.max_steps

@@ -1,0 +1,89 @@
+"""Running `astraflow run` as a user would, against the test session's broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.conftest import REPO, subprocess_env
+
+
+def recipe_copy(name: str, tmp_path: Path, **overrides: Any) -> Path:
+    """A copy of recipes/<name>.yaml with nested overrides (`trainer={"lr": 1e-3}`)."""
+    data = yaml.safe_load((REPO / "recipes" / f"{name}.yaml").read_text())
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key].update(value)
+        else:
+            data[key] = value
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run_env(bootstrap: str) -> dict[str, str]:
+    return subprocess_env(ASTRAFLOW_BOOTSTRAP=bootstrap, ASTRAFLOW_NAMESPACE=f"e2e{uuid.uuid4().hex[:8]}")
+
+
+def start_run(recipe: Path, run_dir: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "astraflow.cli", "run", str(recipe), "--run-dir", str(run_dir), "--no-dashboard", *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=180)
+        raise AssertionError(f"astraflow run did not finish in {timeout:.0f}s:\n{out[-5000:]}") from None
+    return out
+
+
+def summary(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def processes_of(run_dir: Path) -> list[tuple[int, str]]:
+    """Live processes whose command line mentions the run directory (ours: components, broker)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if str(run_dir) in cmd and state != "Z":
+            found.append((int(proc.name), cmd))
+    return found
+
+
+def wait_for(predicate: Any, timeout: float, what: str, interval: float = 1.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def trainer_steps(run_dir: Path, policy: str) -> int:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    steps = [json.loads(line)["step"] for line in path.read_text().splitlines()
+             if line.strip() and f'"trainer.{policy}"' in line]
+    return max(steps, default=0)

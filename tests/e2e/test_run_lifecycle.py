@@ -1,0 +1,62 @@
+"""`astraflow run` as a user runs it: its own local broker, Ctrl-C, nothing left behind, resume."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import subprocess_env
+from tests.e2e.helpers import finish, processes_of, recipe_copy, start_run, summary, trainer_steps, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.broker, pytest.mark.slow]
+
+TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
+
+
+def trained_groups(run_dir: Path, policy: str) -> list[str]:
+    ledger = run_dir / "trainer" / policy / "trained.jsonl"
+    groups: list[str] = []
+    for line in ledger.read_text().splitlines():
+        entry = json.loads(line)
+        if entry.get("trained"):
+            groups.extend(entry["groups"])
+    return groups
+
+
+def test_ctrl_c_leaves_nothing_running_and_a_second_run_resumes(tmp_path: Path) -> None:
+    recipe = recipe_copy("arithmetic", tmp_path, model=TINY, worker={"count": 1},
+                         trainer={"batch_groups": 2}, run={"max_steps": None})
+    run_dir = tmp_path / "run"
+    env = subprocess_env()  # no ASTRAFLOW_BOOTSTRAP: the run starts its own broker in the run directory
+
+    first = start_run(recipe, run_dir, env)
+    wait_for(lambda: trainer_steps(run_dir, "solver") >= 3 or first.poll() is not None, 600, "three trainer steps")
+    assert first.poll() is None, first.communicate()[0][-3000:]
+    first.send_signal(signal.SIGINT)
+    out = finish(first, 240)
+    assert first.returncode == 0, out[-3000:]
+    assert "stopping: interrupted" in out
+    assert processes_of(run_dir) == []  # no component, no broker
+    s1 = summary(run_dir)
+    assert s1["stop_reason"] == "interrupted"
+    steps_before = s1["policies"]["solver"]["steps"]
+    assert steps_before >= 3
+    for name in ("metrics.jsonl", "summary.txt", "plots/reward.png", "plots/throughput.png", "plots/staleness.png"):
+        assert (run_dir / name).exists(), name
+    assert any((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
+
+    target = steps_before + 3
+    second = start_run(recipe, run_dir, env, "--max-steps", str(target))
+    out = finish(second, 600)
+    assert second.returncode == 0, out[-3000:]
+    assert "resuming arithmetic" in out
+    assert f"every trainer reached {target} steps" in out
+    assert processes_of(run_dir) == []
+    assert "resumed from" in (run_dir / "logs" / "trainer-solver.log").read_text()
+    assert summary(run_dir)["policies"]["solver"]["steps"] >= target
+    groups = trained_groups(run_dir, "solver")
+    assert len(groups) == len(set(groups)), "a group was trained twice across the restart"
+    assert len(groups) >= 2 * target  # every step trained batch_groups groups
