@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 
 from astraflow.records import Trajectory, encode, group_id, traj_id
@@ -22,7 +24,7 @@ def make_traj(task: str = "t0", index: int = 0, *, attempt: int = 0, group_size:
         owner += [i] * gen
         versions += [v] * gen
     n = len(owner)
-    rng = np.random.default_rng(abs(hash((task, index))) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(f"{task}#{attempt}#{index}".encode()))
     return Trajectory(
         traj_id=traj_id(task, attempt, index), group_id=group_id(task, attempt), task_id=task, env="arith",
         policies=list(policies), tokens=rng.integers(0, 50, n).astype(np.int32),
