@@ -94,13 +94,19 @@ class Trainer:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # one bar per checkpoint would drown the logs
-        init_dir = init_checkpoint(self.recipe.model_for(self.policy), self.run_dir / "init" / self.policy)
-        self.tokenizer = load_tokenizer(init_dir)
-        latest = ckpt.latest_checkpoint(self.home / "checkpoints") if self.dist.leader else None
-        if self.dist.enabled:  # every rank loads the checkpoint the leader chose
+        spec = self.recipe.model_for(self.policy)
+        init_dir = Path(spec.path) if spec.path else self.run_dir / "init" / self.policy
+        latest = None
+        if self.dist.leader:
+            # only the leader writes: under torch.distributed, transformers' save_pretrained writes
+            # model files on rank 0 only, so other ranks would leave an incomplete directory
+            init_checkpoint(spec, init_dir)
+            latest = ckpt.latest_checkpoint(self.home / "checkpoints")
+        if self.dist.enabled:  # every rank waits for the leader, then loads the checkpoint it chose
             chosen = torch.tensor([int(latest.name.split("-")[1]) if latest else -1])
             torch.distributed.broadcast(chosen, src=0, group=self.dist.group)
             latest = self.home / "checkpoints" / f"step-{int(chosen):08d}" if int(chosen) >= 0 else None
+        self.tokenizer = load_tokenizer(init_dir)
         self.resumed_from = latest
         model = load_model(latest or init_dir, dtype="float32")
         ref = load_model(init_dir, dtype="float32") if self.cfg.loss.kl_coef > 0 else None

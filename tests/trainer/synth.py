@@ -3,6 +3,8 @@ behaviour log-probs, versions and group-normalised advantages. Deterministic fro
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 
 from astraflow.config import KafkaSettings, ModelSpec, Recipe
@@ -15,7 +17,7 @@ VOCAB = 98  # the char tokenizer: 4 special tokens + 94 characters
 
 def make_group(policy: str, task: str, size: int = 4, version: int = 0, seed: int = 0,
                length: int = 12, attempt: int = 0) -> list[Sample]:
-    rng = np.random.default_rng(abs(hash((task, seed))) % 2**32)
+    rng = np.random.default_rng([zlib.crc32(task.encode()), seed])  # stable across processes
     rewards = rng.integers(0, 2, size).astype(np.float32)
     if rewards.min() == rewards.max():
         rewards[0] = 1.0 - rewards[0]

@@ -1,0 +1,44 @@
+"""Run by test_distributed.py, alone or under torchrun: three Engine steps on fixed batches,
+exchanged from rank 0 as the trainer does; rank 0 saves the step-1 gradients and final weights."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from astraflow.config.trainer import TrainerConfig
+from tests.trainer.helpers import tiny_model
+from tests.trainer.synth import make_group
+from trainer import distributed
+from trainer.engine import Engine, collate
+
+
+def main(out: Path) -> None:
+    torch.manual_seed(0)
+    dist = distributed.init("cpu")
+    cfg = TrainerConfig(lr=1e-4, micro_batch_tokens=48, max_grad_norm=1.0)
+    engine = Engine(tiny_model(), cfg, torch.device("cpu"), distributed=dist.enabled, pad_id=0)
+    for step in (1, 2, 3):
+        rows = totals = None
+        if dist.leader:
+            samples = [s for g in range(3) for s in make_group("p", f"s{step}g{g}", seed=step, size=3)]
+            rows = collate(samples, pad_id=0)
+            totals = (float(rows.mask.sum()), float((rows.mask.sum(-1) > 0).sum()))
+        mine, num_tokens, num_seqs, _ = distributed.exchange(dist, rows, totals or (0.0, 0.0), step)
+        assert mine is not None
+        stats = engine.step(mine, step, num_tokens, num_seqs)
+        if step == 1 and dist.leader:
+            grads = {k: p.grad.clone() for k, p in engine.model.named_parameters() if p.grad is not None}
+            save_file(grads, str(out / "grads.safetensors"))
+            (out / "loss.txt").write_text(repr(stats["loss"]))
+    if dist.leader:
+        save_file({k: v.clone().contiguous() for k, v in engine.state_dict().items()
+                   if k != "lm_head.weight"}, str(out / "weights.safetensors"))
+    distributed.shutdown(dist)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

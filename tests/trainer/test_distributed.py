@@ -1,0 +1,81 @@
+"""Data-parallel training under torchrun (gloo, 2 CPU processes) matches one process."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import REPO, subprocess_env
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(out: Path, nproc: int) -> None:
+    out.mkdir()
+    script = str(REPO / "tests" / "trainer" / "ddp_check.py")
+    cmd = [sys.executable, script, str(out)] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
+        "--master-port", str(free_port()), script, str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env=subprocess_env(OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_two_gloo_processes_compute_the_same_gradients_and_weights(tmp_path: Path) -> None:
+    run(tmp_path / "one", 1)
+    run(tmp_path / "two", 2)
+    g1, g2 = load_file(str(tmp_path / "one" / "grads.safetensors")), load_file(str(tmp_path / "two" / "grads.safetensors"))
+    assert set(g1) == set(g2)
+    for k in g1:  # the same batch-wide gradient, summed in another order
+        torch.testing.assert_close(g2[k], g1[k], rtol=1e-4, atol=1e-7)
+    assert float((tmp_path / "two" / "loss.txt").read_text()) == pytest.approx(
+        float((tmp_path / "one" / "loss.txt").read_text()), rel=1e-5)
+    w0 = load_file(str(tmp_path / "one" / "weights.safetensors"))
+    w1 = load_file(str(tmp_path / "two" / "weights.safetensors"))
+    for k in w0:
+        torch.testing.assert_close(w1[k], w0[k], rtol=0, atol=1e-6)
+
+
+@pytest.mark.broker
+def test_the_trainer_under_torchrun_trains_like_one_process(kafka, topics, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import yaml
+
+    from tests.trainer.synth import make_group, produce, read_topic, recipe
+    from trainer.service import Trainer
+
+    topics(["p"])
+    # one partition: both trainers see the same batches in the same order
+    produce(kafka, [s for g in range(6) for s in make_group("p", f"g{g}", seed=g)], "p", partition=0)
+    r = recipe(kafka, batch_groups=2, lr=1e-4)
+    rfile = tmp_path / "r.yaml"
+    rfile.write_text(yaml.safe_dump(r.model_dump(mode="json")))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), "-m", "astraflow.cli", "trainer", "--recipe", str(rfile),
+           "--policy", "p", "--run-dir", str(tmp_path / "ddp"), "--max-steps", "3"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env=subprocess_env(OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    assert Trainer(r, "p", run_dir=tmp_path / "single", settings=kafka, max_steps=3).run() == 0
+    ckpt = "trainer/p/checkpoints/step-00000003/model.safetensors"
+    ddp, single = load_file(str(tmp_path / "ddp" / ckpt)), load_file(str(tmp_path / "single" / ckpt))
+    init = load_file(str(tmp_path / "single" / "init/p/model.safetensors"))
+    for k in single:
+        moved = (single[k] - init[k]).abs().max()
+        assert moved > 0, k
+        torch.testing.assert_close(ddp[k], single[k], rtol=0, atol=float(moved) * 1e-2)
+    from astraflow.records import WeightVersion
+
+    versions = [e.version for e in read_topic(kafka, "weights", WeightVersion)]
+    assert len(versions) == 2 * 4  # each run announced versions 0..3
