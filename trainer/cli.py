@@ -28,5 +28,6 @@ def register(app: typer.Typer) -> None:
         from trainer.service import Trainer
 
         loaded = load_recipe(recipe)
+        loaded.model_for(policy)  # an unknown policy fails before anything connects
         service = Trainer(loaded, policy, run_dir=run_dir, settings=resolve(loaded.kafka), max_steps=max_steps)
         raise typer.Exit(service.run())

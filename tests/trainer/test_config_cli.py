@@ -1,0 +1,49 @@
+"""The trainer's recipe section and command line: bad settings fail at load time, naming the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from astraflow.config import load_recipe
+from astraflow.config.trainer import TrainerConfig
+from astraflow.errors import ConfigError
+from tests.conftest import REPO, subprocess_env
+from trainer.engine import Engine
+
+
+@pytest.mark.parametrize(("section", "words"), [
+    ({"lr": 0}, "trainer.lr"),
+    ({"loss": {"dual_clip": 1.0}}, "trainer.loss.dual_clip"),
+    ({"loss": {"aggregation": "sum"}}, "trainer.loss.aggregation"),
+    ({"loss": {"clip_lo": 0.1}}, "unknown key 'trainer.loss.clip_lo'"),
+    ({"weights_dtype": "int8"}, "trainer.weights_dtype"),
+    ({"keep_versions": 1}, "trainer.keep_versions"),
+])
+def test_bad_trainer_settings_name_the_key(tmp_path: Path, section: dict, words: str) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({"name": "r", "trainer": section}))
+    with pytest.raises(ConfigError, match=words.replace(".", r"\.")):
+        load_recipe(path)
+
+
+def test_warmup_schedule() -> None:
+    import torch
+
+    cfg = TrainerConfig(lr=1e-3, warmup_steps=4)
+    engine = Engine(torch.nn.Linear(2, 2), cfg, torch.device("cpu"))
+    assert [engine.lr_at(s) for s in (1, 2, 4, 9)] == pytest.approx([2.5e-4, 5e-4, 1e-3, 1e-3])
+    assert TrainerConfig().store_versions(max_staleness=3) == 5
+
+
+def test_cli_names_an_unknown_policy(tmp_path: Path) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({"name": "r", "policies": [{"name": "solver"}]}))
+    done = subprocess.run([sys.executable, "-m", "astraflow.cli", "trainer", "--recipe", str(path), "--policy",
+                           "critic"], capture_output=True, text=True, timeout=120, cwd=REPO, env=subprocess_env())
+    assert done.returncode == 1 and "unknown policy 'critic'" in done.stderr and "solver" in done.stderr
+    assert "Traceback" not in done.stderr
