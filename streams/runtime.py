@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,15 @@ from streams.stats import fold, to_record
 
 log = logging.getLogger(__name__)
 EX_SOFTWARE = 70
+
+
+def _failpoint() -> tuple[str, int] | None:
+    """Fault injection for the crash tests: ASTRAFLOW_STREAMS_FAILPOINT=mid_emit:N (SIGKILL after half
+    of the N-th emitted group's Samples are acknowledged) or after_emit:N (after all of them,
+    before the group is marked done)."""
+    spec = os.environ.get("ASTRAFLOW_STREAMS_FAILPOINT", "")
+    where, _, n = spec.partition(":")
+    return (where, int(n)) if where in ("mid_emit", "after_emit") and n.isdigit() else None
 
 
 def fatal(where: str, exc: BaseException) -> None:
@@ -69,6 +79,8 @@ class StreamsRuntime:
         self.publisher = Publisher(settings)
         self.dead = DeadLetters(self.publisher, "streams")
         self.reporter = MetricsReporter(self.publisher, "streams", instance_id, region=settings.region)
+        self.failpoint = _failpoint()
+        self.emissions = 0
 
     # ---------------------------------------------------------------- trajectories
 
@@ -186,7 +198,10 @@ class StreamsRuntime:
                 self.collector.mark_intent(gid, time.time(), targets)
                 await self.app.producer.flush()  # the intent is durable before any Sample exists
         futures = []
-        for policy, part, sample in records:
+        self.emissions += bool(records)
+        for i, (policy, part, sample) in enumerate(records):
+            if i == len(records) // 2:
+                await self._maybe_fail("mid_emit", futures)
             topic = self.topics.samples[policy]
             futures.append(await topic.send(key=sample.group_id.encode(), value=encode(sample, self.policies),
                                             partition=part))
@@ -195,6 +210,7 @@ class StreamsRuntime:
             for summary in summaries:
                 futures.append(await self.topics.task_updates.send(key=summary["task"].encode(), value=summary))
         await asyncio.gather(*futures)
+        await self._maybe_fail("after_emit", futures)
         done = time.time()
         if emitted:
             c.inc("groups.emitted")
@@ -203,6 +219,12 @@ class StreamsRuntime:
             newest = max((t.created_at for t in group.trajectories), default=done)
             c.observe("latency.e2e_ms", max(0.0, done - newest) * 1000.0)
         self._finish(gid, meta)
+
+    async def _maybe_fail(self, where: str, futures: list) -> None:
+        if self.failpoint == (where, self.emissions):
+            await asyncio.gather(*futures)
+            log.warning("failpoint %s:%d: SIGKILL", where, self.emissions)
+            os.kill(os.getpid(), signal.SIGKILL)
 
     async def _recover(self, gid: str, meta: dict[str, Any], records: list[tuple[str, int, Any]]) -> list:
         """A previous worker died while emitting this group: send only what is not on the topics."""
