@@ -17,7 +17,7 @@ Metrics (component `trainer`, one Metric per step; sums over the batch unless no
   step, version, loss, loss.pg, loss.kl, clip_fraction, entropy, kl_ref, mismatch.abs (mean
   |log pi - log mu| on loss tokens), mismatch.kl (k3 estimate of KL(mu || pi)), is_weight.mean,
   grad_norm, lr, tokens_per_s (all tokens of the batch / step time), batch.groups, batch.samples,
-  batch.tokens, loss_tokens, staleness.lag.<k> (samples of this batch at lag k), staleness.mean,
+  batch.tokens, loss_tokens, staleness.lag.<k> (samples of this batch at lag k, k < 16; staleness.lag.ge16 for the rest), staleness.mean,
   staleness.dropped (stale samples of this batch), and running totals samples.in,
   samples.duplicate, samples.stale, groups.trained, deadletter.
 """
@@ -52,6 +52,8 @@ from trainer.engine import Engine, collate
 log = logging.getLogger(__name__)
 #: How often the leader looks for partitions added to its samples topic.
 PARTITION_CHECK_S = 30.0
+#: Lags 0..15 get their own histogram bucket; larger ones share `staleness.lag.ge16`.
+STALENESS_BUCKETS = 16
 
 
 class TrainerError(AstraFlowError):
@@ -209,14 +211,21 @@ class Trainer:
             return None
         if time.monotonic() - self._partition_check > PARTITION_CHECK_S:
             self._grow_partitions()
-        queued = bool(self.buffer.ready)
-        for msg in self.consumer.consume(1000, timeout=0.02 if queued else 0.2):
-            if msg.error() is None:
-                self._intake(msg)
         if self.lockstep is not None and not self.lockstep.ready(self.version):
+            self._poll(0.2)
             return None
+        batch = self._take()
+        self._poll(0.0 if batch is not None else 0.2)  # never wait for Kafka with a batch in hand
+        return batch if batch is not None else self._take()
+
+    def _take(self) -> Batch | None:
         return self.buffer.take(self.cfg.batch_groups, self.cfg.batch_tokens, self.version,
                                 self.recipe.max_staleness)
+
+    def _poll(self, timeout: float) -> None:
+        for msg in self.consumer.consume(1000, timeout=timeout):
+            if msg.error() is None:
+                self._intake(msg)
 
     def _grow_partitions(self) -> None:
         """Read partitions added to the topic since we started (`astraflow topics apply` grows them)."""
@@ -264,7 +273,10 @@ class Trainer:
                   "staleness.dropped": len(batch.stale),
                   "staleness.mean": sum(batch.lags) / len(batch.lags) if batch.lags else 0.0,
                   "deadletter": self.dead.count, **{k: float(v) for k, v in self.buffer.counts.items()}}
-        values.update({f"staleness.lag.{k}": float(lags.get(k, 0)) for k in range(self.recipe.max_staleness + 1)})
+        top = min(self.recipe.max_staleness, STALENESS_BUCKETS - 1)
+        values.update({f"staleness.lag.{k}": float(lags.get(k, 0)) for k in range(top + 1)})
+        if self.recipe.max_staleness > top:
+            values[f"staleness.lag.ge{top + 1}"] = float(sum(n for k, n in lags.items() if k > top))
         values.pop("step_s", None)
         self.metrics.report(values, step=self.step, force=False)
 
