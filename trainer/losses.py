@@ -123,7 +123,7 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: to
         log_ratio = (logp - behaviour_logp)[m]
         stats = {
             "tokens": float(m.sum()),
-            "loss.pg": float(pg_loss),
+            "loss.pg": float(pg_loss.detach()),
             "clipped": float(clipped[m].sum()),
             "is_weight": float(is_weight[m].sum()),
             "mismatch.abs": float(log_ratio.abs().sum()),
@@ -135,7 +135,7 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: to
         if settings.kl_coef:
             loss = loss + settings.kl_coef * kl_loss
         stats["kl_ref"] = float(kl.detach()[m].sum())
-        stats["loss.kl"] = float(kl_loss)
+        stats["loss.kl"] = float(kl_loss.detach())
     if entropy is not None:
         stats["entropy"] = float(entropy.detach()[m].sum())
         if settings.entropy_coef:
