@@ -80,7 +80,9 @@ class TrainerConfig(StrictModel):
     http_host: str = "127.0.0.1"
     """Address the weight server binds."""
     http_port: int = Field(default=0, ge=0, le=65535)
-    """Port of the weight server (0: any free port; one per policy)."""
+    """Port of the weight server, one per policy (0: any free port; a fixed port keeps the URIs of
+    events announced before a restart valid after it, though the restarted trainer re-announces
+    its current version with the new URIs anyway)."""
     advertise_host: str | None = None
     """Host name put in the advertised URIs (default: http_host)."""
     lockstep: bool = False
