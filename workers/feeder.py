@@ -21,6 +21,7 @@ import json
 import logging
 import random
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -111,9 +112,8 @@ class Feeder:
 
         consumer = Consumer(consumer_config(self.settings, f"feeder-reader-{uuid.uuid4().hex[:8]}",
                                             **{"enable.auto.commit": False}))
-        names = [self.settings.topic("weights")]
-        if self.cfg.selective.enabled:
-            names.append(self.settings.topic("task-stats"))
+        # task-stats feeds selective rollout and admission (groups streams dropped count as consumed)
+        names = [self.settings.topic("weights"), self.settings.topic("task-stats")]
         parts = []
         for name in names:
             parts += [TopicPartition(name, p, OFFSET_BEGINNING) for p in high_watermarks(consumer, name)]
@@ -187,8 +187,9 @@ class Feeder:
 
     def run(self, worker_id: str = "feeder") -> int:
         """Feed until `max_tasks`, the end of the JSONL file, or SIGTERM/SIGINT. Returns tasks fed."""
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self.stop)
+        if threading.current_thread() is threading.main_thread():  # embedded feeders are stopped by stop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self.stop)
         self.publisher = Publisher(self.settings)
         self.dead = DeadLetters(self.publisher, "feeder")
         metrics = MetricsReporter(self.publisher, "feeder", worker_id, self.settings.region, every_s=5.0)
@@ -230,6 +231,7 @@ class Feeder:
         return self.counts["published"]
 
     def _report(self, metrics: MetricsReporter, force: bool = False) -> None:
+        self.counts["deadletters"] = max(self.counts["deadletters"], self.dead.count)
         values = {f"feeder.{k}": float(v) for k, v in self.counts.items()}
         values.update({"feeder.blocked_s": self.blocked_s, "feeder.trainer_groups": float(self.trainer_groups()),
                        "feeder.ahead": float(self.published - self.trainer_groups())})

@@ -1,0 +1,125 @@
+"""The feeder: deterministic tasks, JSONL input with bad lines dead-lettered, selective rollout,
+and admission control against trainer progress on the real broker."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from astraflow.config import KafkaSettings
+from astraflow.errors import ConfigError
+from astraflow.kafka import Publisher
+from astraflow.records import DeadLetter, Task, TaskStats, WeightVersion
+from workers.feeder import Feeder, default_roles, generated_tasks, jsonl_tasks
+
+from .conftest import make_recipe
+from .kafka_util import read_topic
+
+
+def test_generated_tasks_are_deterministic() -> None:
+    recipe = make_recipe(feeder={"env": "guess_number", "group_size": 5, "seed": 7})
+    a = [t.to_dict() | {"created_at": 0} for t in itertools.islice(generated_tasks(recipe), 20)]
+    b = [t.to_dict() | {"created_at": 0} for t in itertools.islice(generated_tasks(recipe), 20)]
+    assert a == b
+    assert a[0]["task_id"].startswith("guess_number-s7-") and a[0]["group_size"] == 5
+    assert [t["attempt"] for t in a[:10]] == [0] * 8 + [1] * 2  # 8 secrets per epoch
+
+
+def test_default_roles_follow_the_workflow() -> None:
+    two = make_recipe(policies=[{"name": "A"}, {"name": "B"}], feeder={"env": "referential_game"})
+    assert default_roles(two, "referential_game") == {"speaker": "A", "listener": "B"}
+    sv = make_recipe(policies=[{"name": "A"}, {"name": "B"}], worker={"workflow": "solve_and_verify"})
+    assert default_roles(sv, "arithmetic") == {"solver": "A", "verifier": "B"}
+    assert default_roles(make_recipe(), "arithmetic") == {"agent": "policy"}
+
+
+def test_jsonl_bad_lines_raise_without_deadletters(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps({"prompt": "1+1=", "payload": {"answer": "2"}}) + "\n"
+                    + json.dumps({"env": "nope"}) + "\n")
+    recipe = make_recipe()
+    it = jsonl_tasks(recipe, path)
+    first = next(it)
+    assert first.task_id == "tasks-1" and first.env == "arithmetic" and first.roles == {"agent": "policy"}
+    with pytest.raises(ConfigError, match=r"tasks.jsonl:2: unknown environment 'nope'"):
+        next(it)
+
+
+def test_selective_rollout_skips_with_a_floor() -> None:
+    recipe = make_recipe(feeder={"selective": {"enabled": True, "min_groups": 2, "keep_fraction": 0.25,
+                                               "max_skips_in_row": 3}})
+    f = Feeder(recipe, Path("/nonexistent"), KafkaSettings(bootstrap="x:1"))
+    task = Task(task_id="t", env="arithmetic", roles={"agent": "policy"})
+    assert not f.skip(task)  # no statistics yet
+    f.stats["t"] = TaskStats(task_id="t", env="arithmetic", groups=1, success_rate=1.0)
+    assert not f.skip(task)  # too few groups to trust
+    f.stats["t"] = TaskStats(task_id="t", env="arithmetic", groups=5, success_rate=0.5)
+    assert not f.skip(task)  # it teaches something
+    f.stats["t"] = TaskStats(task_id="t", env="arithmetic", groups=5, success_rate=1.0)
+    decisions = [f.skip(task) for _ in range(400)]
+    assert 0.6 < sum(decisions) / 400 < 0.9  # about 1 - keep_fraction skipped
+    f.skips_in_row = 3
+    assert not f.skip(task)  # the floor: never more than max_skips_in_row in a row
+
+
+@pytest.mark.broker
+def test_admission_follows_the_slowest_trainer(kafka: KafkaSettings, topics: Any, tmp_path: Path) -> None:
+    topics(["A", "B"])
+    recipe = make_recipe(policies=[{"name": "A"}, {"name": "B"}], kafka=kafka.model_dump(), max_staleness=1,
+                         trainer={"batch_groups": 2}, worker={"workflow": "solve_and_verify"},
+                         feeder={"env": "arithmetic", "group_size": 2, "max_tasks": 10, "poll_s": 0.1})
+    feeder = Feeder(recipe, tmp_path / "run", kafka)
+    fed: list[int] = []
+    thread = threading.Thread(target=lambda: fed.append(feeder.run()))
+    thread.start()
+    pub = Publisher(kafka)
+
+    def wait_published(n: int) -> int:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and feeder.counts["published"] < n:
+            time.sleep(0.05)
+        time.sleep(1.0)  # give it the chance to overshoot, which it must not
+        return feeder.counts["published"]
+
+    try:
+        assert wait_published(4) == 4  # window (1 + 1) x 2 = 4 groups ahead of step 0
+        pub.send("weights", WeightVersion(policy="A", version=1, step=2, snapshot_uri="file:///x"), key="A")
+        pub.flush()
+        assert wait_published(5) == 4  # B is still at step 0: the slowest trainer decides
+        pub.send("weights", WeightVersion(policy="B", version=1, step=1, snapshot_uri="file:///x"), key="B")
+        pub.flush()
+        assert wait_published(6) == 6  # min step 1 -> 2 groups trained -> 6 admitted
+        pub.send("task-stats", TaskStats(task_id="x", env="arithmetic", groups=3, zero_variance_groups=3), key="x")
+        pub.flush()
+        assert wait_published(9) == 9  # 3 groups dropped by streams count as consumed
+        pub.send("weights", WeightVersion(policy="B", version=2, step=5, snapshot_uri="file:///x"), key="B")
+        pub.flush()
+    finally:
+        thread.join(60)
+    assert fed == [10]
+    tasks = [t for t in read_topic(kafka, "tasks") if isinstance(t, Task)]
+    assert len(tasks) == 10 and tasks[0].roles == {"solver": "A", "verifier": "B"}
+    assert len({t.group_id for t in tasks}) == 10
+    state = json.loads((tmp_path / "run" / "feeder" / "state.json").read_text())
+    assert state["next"] == 10
+
+
+@pytest.mark.broker
+def test_jsonl_bad_lines_go_to_deadletter(kafka: KafkaSettings, topics: Any, tmp_path: Path) -> None:
+    topics(["policy"])
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join([json.dumps({"task_id": "ok1", "prompt": "1+2=", "payload": {"answer": "3"}}),
+                               "{not json", json.dumps({"roles": {"agent": "ghost"}}),
+                               json.dumps({"task_id": "ok2", "prompt": "2+2=", "payload": {"answer": "4"}})]))
+    recipe = make_recipe(kafka=kafka.model_dump(), feeder={"admission": False})
+    assert Feeder(recipe, tmp_path / "run", kafka, jsonl=path).run() == 2
+    assert [t.task_id for t in read_topic(kafka, "tasks")] == ["ok1", "ok2"] or len(read_topic(kafka, "tasks")) == 2
+    dead = [d for d in read_topic(kafka, "deadletter") if isinstance(d, DeadLetter)]
+    assert sorted(d.offset for d in dead) == [2, 3]
+    assert any("ghost" in d.error for d in dead) and all(str(path) in d.error for d in dead)
