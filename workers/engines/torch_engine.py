@@ -54,7 +54,8 @@ class TorchEngine:
     """Serves one policy from a local checkpoint directory (transformers layout)."""
 
     def __init__(self, policy: str, model_path: str, *, device: str = "cpu", dtype: str = "float32",
-                 max_batch: int = 64, seed: int = 0, version: int = 0, attn_implementation: str = "sdpa") -> None:
+                 max_batch: int = 64, seed: int = 0, version: int = 0, attn_implementation: str = "sdpa",
+                 batch_wait_s: float = 0.002) -> None:
         from transformers import AutoModelForCausalLM
 
         self.policy = policy
@@ -66,6 +67,7 @@ class TorchEngine:
         self.max_positions = int(cfg.max_position_embeddings)
         self.pad_id = int(cfg.pad_token_id if cfg.pad_token_id is not None else 0)
         self.max_batch = max_batch
+        self.batch_wait_s = batch_wait_s
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
         self._version = version
@@ -135,6 +137,11 @@ class TorchEngine:
                     self._cv.wait()
                 if self._closed:
                     break
+                # Episodes resuming together (after a shared tool wait) submit within microseconds
+                # of each other: a short window lets them share one wave instead of queueing behind
+                # a wave of one.
+                if self._pending and self.batch_wait_s > 0 and len(self._pending) < self.max_batch:
+                    self._cv.wait(self.batch_wait_s)
                 batch: list[_Request] = []
                 while self._pending and len(batch) < self.max_batch:
                     req = self._pending.popleft()
