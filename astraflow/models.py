@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import string
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -22,17 +23,52 @@ SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 BASE_ALPHABET = string.digits + string.ascii_letters + string.punctuation + " \n"
 
 
+#: Qwen2's pre-tokenizer split (transformers rebuilds it for qwen2 checkpoints, see build_tokenizer).
+QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+               r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+
+def _byte_map() -> dict[int, str]:
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = list(printable)
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {b: chr(c) for b, c in zip(printable, chars, strict=True)}
+
+
+_BYTE_MAP = _byte_map()
+
+
 def build_tokenizer(spec: TokenizerSpec | None = None) -> PreTrainedTokenizerFast:
-    """A character-level tokenizer in the transformers format (loads with AutoTokenizer)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    """A character-level tokenizer in the transformers format.
+
+    One token per character of the alphabet, written as a byte-level BPE without merges, with the
+    same normaliser, pre-tokenizer and decoder as Qwen2's tokenizer. Why: for qwen2 checkpoints
+    transformers 5's AutoTokenizer ignores tokenizer.json's pipeline and rebuilds Qwen2Tokenizer
+    from the vocabulary; with this layout the rebuilt tokenizer gives the same ids, so AutoTokenizer,
+    PreTrainedTokenizerFast and SGLang all agree, for Qwen2 and Llama checkpoints alike.
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     spec = spec or TokenizerSpec()
     alphabet = list(dict.fromkeys(BASE_ALPHABET + spec.extra_chars))
-    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *alphabet])}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    core.decoder = decoders.Fuse()
+    too_wide = [c for c in alphabet if len(c.encode()) != 1]
+    if too_wide:
+        raise ValueError(f"tokenizer.extra_chars must be single-byte (ASCII) characters, got {too_wide}")
+    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *(_BYTE_MAP[ord(c)] for c in alphabet)])}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", fuse_unk=False, byte_fallback=False))
+    core.normalizer = normalizers.NFC()
+    core.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    core.decoder = decoders.ByteLevel()
+    core.add_special_tokens([AddedToken(t, special=True) for t in SPECIAL_TOKENS])
     return PreTrainedTokenizerFast(
         tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
     )
@@ -81,7 +117,15 @@ def init_checkpoint(spec: ModelSpec, out_dir: str | Path) -> Path:
     if spec.path is not None:
         return Path(spec.path)
     out = Path(out_dir)
-    if (out / "config.json").exists() and (out / "tokenizer.json").exists():
+    if _complete(out):
+        return out
+    if _distributed_rank() > 0:
+        # transformers writes model files on rank 0 only: the other ranks wait for its checkpoint.
+        deadline = time.monotonic() + 600
+        while not _complete(out):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"rank {_distributed_rank()}: no complete initial checkpoint in {out} after 600s")
+            time.sleep(0.2)
         return out
     tokenizer = build_tokenizer(spec.tokenizer)
     model = build_model(spec, tokenizer)
@@ -91,13 +135,28 @@ def init_checkpoint(spec: ModelSpec, out_dir: str | Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    if not _complete(tmp):
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RuntimeError(f"saving the initial checkpoint left an incomplete directory under {out.parent}")
     try:
         tmp.rename(out)
     except OSError:
-        if not (out / "config.json").exists():
+        if not _complete(out):
             raise
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _distributed_rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _complete(path: Path) -> bool:
+    """A checkpoint directory with its config, tokenizer and weights (not a half-written one)."""
+    return ((path / "config.json").exists() and (path / "tokenizer.json").exists()
+            and any(path.glob("*.safetensors")))
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:

@@ -68,14 +68,13 @@ class Codec:
         toks = list(tokens)
         if stop_at_eos and self.eos in toks:
             toks = toks[: toks.index(self.eos)]
-        return "".join(self.tokenizer.convert_ids_to_tokens(toks))
+        return str(self.tokenizer.decode(toks, skip_special_tokens=False, clean_up_tokenization_spaces=False))
 
 
 def load_tokenizer(path: str | Path) -> Any:
-    """The checkpoint's tokenizer exactly as its tokenizer.json defines it.
-
-    Not AutoTokenizer: in transformers 5 it maps a qwen2 checkpoint to Qwen2Tokenizer, whose byte-level
-    pre-tokenizer replaces the project's character one and silently drops spaces and newlines."""
+    """The checkpoint's tokenizer exactly as its tokenizer.json defines it. (For the project's own
+    tokenizer AutoTokenizer gives the same ids, see astraflow.models.build_tokenizer; this also
+    holds for real checkpoints whose tokenizer.json transformers would otherwise rebuild.)"""
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast.from_pretrained(str(path))
