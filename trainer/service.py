@@ -16,7 +16,8 @@ Under torchrun, only rank 0 runs Kafka, checkpoints and publication; see trainer
 Metrics (component `trainer`, one Metric per step; sums over the batch unless noted):
   step, version, loss, loss.pg, loss.kl, clip_fraction, entropy, kl_ref, mismatch.abs (mean
   |log pi - log mu| on loss tokens), mismatch.kl (k3 estimate of KL(mu || pi)), is_weight.mean,
-  grad_norm, lr, tokens_per_s (all tokens of the batch / step time), batch.groups, batch.samples,
+  grad_norm, lr, tokens_per_s (all tokens of the batch / step time), reward.mean and reward.success
+  (mean reward, and share of samples with reward >= trainer.success_threshold, over the batch's groups), batch.groups, batch.samples,
   batch.tokens, loss_tokens, staleness.lag.<k> (samples of this batch at lag k, k < 16; staleness.lag.ge16 for the rest), staleness.mean,
   staleness.dropped (stale samples of this batch), and running totals samples.in,
   samples.duplicate, samples.stale, groups.trained, deadletter.
@@ -268,6 +269,12 @@ class Trainer:
                                  "trained": bool(stats), "groups": batch.group_ids,
                                  "samples": len(batch.samples), "stale": len(batch.stale)}) + "\n")
         lags = Counter(batch.lags)
+        # Rewards of everything the batch's groups rolled out (stale samples included: they show the
+        # behaviour policy); with a zero-variance filter upstream this over-represents mixed groups.
+        rewards = [s.reward for s in (*batch.samples, *batch.stale)]
+        if rewards:
+            stats["reward.mean"] = sum(rewards) / len(rewards)
+            stats["reward.success"] = sum(r >= self.cfg.success_threshold - 1e-9 for r in rewards) / len(rewards)
         values = {**stats, "step": self.step, "version": self.version, "batch.groups": len(batch.groups),
                   "batch.samples": len(batch.samples), "batch.tokens": batch.tokens,
                   "staleness.dropped": len(batch.stale),

@@ -99,6 +99,8 @@ class TrainerConfig(StrictModel):
     """Stop after this many steps (None: run until stopped)."""
     metrics_every_s: float = Field(default=0.0, ge=0)
     """Publish step metrics at most this often (0: every step)."""
+    success_threshold: float = 1.0
+    """A sample counts as a success (metric `reward.success`) when its reward is at least this."""
 
     def store_versions(self, max_staleness: int) -> int:
         return self.keep_versions or max_staleness + 2

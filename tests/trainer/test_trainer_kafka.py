@@ -60,6 +60,12 @@ def test_ten_published_deltas_rebuild_the_trainers_weights_bit_for_bit(kafka: Ka
         assert name in names, name
     assert metrics[-1].values["groups.trained"] == 10 and metrics[-1].values["tokens_per_s"] > 0
     assert metrics[0].values["entropy"] > 1.0  # an untrained model over ~100 tokens is uncertain
+    ledger = [json.loads(line) for line in (tmp_path / "trainer" / "p" / "trained.jsonl").read_text().splitlines()]
+    for m, entry in zip(metrics, ledger, strict=True):  # batch_groups=1: one group per step
+        g = int(entry["groups"][0].split("#")[0].removeprefix("task"))
+        rewards = [s.reward for s in make_group("p", f"task{g}", seed=g)]
+        assert m.values["reward.mean"] == pytest.approx(sum(rewards) / len(rewards))
+        assert m.values["reward.success"] == pytest.approx(sum(r >= 1.0 for r in rewards) / len(rewards))
 
 
 def test_a_checkpoint_loads_with_plain_transformers_and_generates(kafka: KafkaSettings, topics,  # type: ignore[no-untyped-def]
