@@ -1,0 +1,44 @@
+"""Every recipe in recipes/ is accepted by every component that reads it: the recipe model (unknown
+keys are errors naming the key and the file), the workers' registries (environments, workflows,
+engines), the streams pipeline (algorithms and their arguments), and the topic spec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from astraflow import topics
+from astraflow.config import load_recipe
+from streams.api import StageContext
+from streams.pipeline import build_pipeline
+from tests.conftest import REPO
+from workers.cli import check_recipe
+
+RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
+CPU_RECIPES = {"arithmetic", "guess_number", "search", "solve_and_verify", "referential_game", "code"}
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_recipe_is_accepted_by_every_component(path: Path) -> None:
+    recipe = load_recipe(path)
+    assert recipe.name == path.stem
+    check_recipe(recipe)
+    build_pipeline(recipe.streams, StageContext(policies=recipe.policy_names, max_staleness=recipe.max_staleness))
+    names = {s.name for s in topics.expand(topics.load_spec(), recipe.policy_names)}
+    assert {f"samples.{p}" for p in recipe.policy_names} <= names
+    assert recipe.description.strip(), "say what the recipe trains and what to expect"
+
+
+def test_the_cpu_recipes_exist() -> None:
+    assert {p.stem for p in RECIPES} >= CPU_RECIPES
+
+
+def test_an_unknown_name_fails_at_load_time(tmp_path: Path) -> None:
+    from astraflow.errors import ConfigError
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((REPO / "recipes" / "arithmetic.yaml").read_text().replace("env: arithmetic", "env: arithmetik"))
+    with pytest.raises((ConfigError, KeyError, ValueError)) as info:
+        check_recipe(load_recipe(bad))
+    assert "arithmetik" in str(info.value) and "arithmetic" in str(info.value)  # names the known ones
