@@ -5,7 +5,10 @@ adapter whose writes name their changelog partition.
   internal task-update topic. Wire records themselves travel as `raw` bytes encoded by
   astraflow.records, so Faust never re-serialises them.
 - `AstraFaustApp`: faust.App whose aiokafka producer runs with `enable_idempotence` and acks=all
-  (faust only turns that on for its exactly_once mode), so a retried send cannot duplicate.
+  (faust only turns that on for its exactly_once mode), so a retried send cannot duplicate, and
+  whose flush does not return before faust's own send buffer is empty (see
+  `_IdempotentProducer.flush`). The other faust 0.15.3 problem the SIGKILL tests found, records
+  fetched around a rebalance and never delivered, is handled by `StreamsRuntime.watchdog`.
 - `FaustTable`: the `Table` protocol of streams/grouping.py over a faust Table. Faust's own
   `table[key] = value` takes the changelog partition from the current event and so refuses to
   work in a timer; the group timeout sweep runs in a timer, and every group entry already knows
@@ -41,13 +44,25 @@ class _IdempotentProducer(faust_aiokafka.Producer):
     def _settings_extra(self) -> Any:
         return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
 
+    async def flush(self) -> None:
+        """Flush until faust's ProducerBuffer is really empty, then aiokafka's accumulator.
+
+        faust's `ProducerBuffer.flush()` returns as soon as 0.1 s pass without a message leaving
+        the buffer, even if messages remain (faust/transport/producer.py, `flush_atmost`); the
+        consumer calls this flush right before it commits offsets, so a table write could still
+        be waiting in the buffer when its source offset is committed, and a SIGKILL would then
+        lose it. Found by reading the code, not by a failing test."""
+        while self.buffer.size:
+            await self.buffer.flush()
+        await super().flush()
+
 
 class _Transport(faust_aiokafka.Transport):
     Producer = _IdempotentProducer
 
 
 class AstraFaustApp(faust.App):
-    """faust.App with an idempotent producer."""
+    """faust.App with an idempotent producer whose flush really flushes."""
 
     def _new_transport(self) -> Any:
         return _Transport(self.conf.broker_consumer, self)
@@ -57,21 +72,33 @@ class AstraFaustApp(faust.App):
 
 
 class FaustTable:
-    """A faust Table seen through the `streams.grouping.Table` protocol."""
+    """A faust Table seen through the `streams.grouping.Table` protocol.
+
+    Writes change the local store and send the changelog record through faust's ProducerBuffer
+    (`send_changelog`), explicitly to the given partition. `written()` returns the delivery
+    futures of the records sent since the last call, for the writes that must be durable before
+    the next step (the emission intent). Every other write is made durable by the producer flush
+    that precedes each offset commit (see `_IdempotentProducer.flush`)."""
 
     def __init__(self, table: Any) -> None:
         self.table = table
+        self._futures: list[Any] = []
 
     def get(self, key: str) -> Any:
         return self.table.data.get(key)
 
     def set(self, key: str, value: Any, partition: int) -> None:
         self.table.data[key] = value
-        self.table.send_changelog(partition, key, value)
+        self._futures.append(self.table.send_changelog(partition, key, value))
 
     def delete(self, key: str, partition: int) -> None:
         self.table.data.pop(key, None)
-        self.table.send_changelog(partition, key, None, value_serializer="raw")
+        self._futures.append(self.table.send_changelog(partition, key, None, value_serializer="raw"))
 
     def items(self) -> Iterator[tuple[str, Any]]:
         return iter(list(self.table.data.items()))
+
+    def written(self) -> list[Any]:
+        """Delivery futures of the changelog records sent since the last call."""
+        out, self._futures = self._futures, []
+        return out

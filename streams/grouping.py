@@ -111,6 +111,10 @@ class Collector:
             if bad:
                 return Added("inconsistent", reason=bad)
         if traj.traj_id in meta["ids"]:
+            if self.bodies.get(traj.traj_id) is None:
+                # a crash persisted the group's record but not this body (two changelog topics):
+                # the re-delivered trajectory repairs it
+                self.bodies.set(traj.traj_id, raw, meta["p"])
             return Added("duplicate", ready=self.ready(meta))
         self.bodies.set(traj.traj_id, raw, meta["p"])
         meta = {**meta, "ids": [*meta["ids"], traj.traj_id], "offs": [*meta["offs"], offset]}

@@ -79,13 +79,22 @@ class StreamsRuntime:
         self.publisher = Publisher(settings)
         self.dead = DeadLetters(self.publisher, "streams")
         self.reporter = MetricsReporter(self.publisher, "streams", instance_id, region=settings.region)
+        self.delivered: dict[int, int] = {}  # partition -> last offset handed to the agent
+        self.last_event = time.monotonic()
         self.failpoint = _failpoint()
         self.emissions = 0
+        self.tables = [t for t in (collector.bodies, collector.groups, stats_table) if hasattr(t, "written")]
+
+    def written(self) -> list[Any]:
+        """Delivery futures of the table writes since the last call."""
+        return [f for table in self.tables for f in table.written()]
 
     # ---------------------------------------------------------------- trajectories
 
     async def on_trajectory(self, msg: Any) -> None:
         c = self.counters
+        self.delivered[msg.partition] = msg.offset
+        self.last_event = time.monotonic()
         c.inc("trajectories.in")
         c.inc("stage.validate.in")
         t0 = time.perf_counter()
@@ -103,6 +112,7 @@ class StreamsRuntime:
             c.inc("stage.group.in")
             now = time.time()
             added = self.collector.add(traj, msg.value, msg.partition, now, msg.offset)
+            self.written()  # durable by the flush before the next commit
             if added.outcome == "inconsistent":
                 c.inc("stage.group.deadlettered")
                 await self.deadletter(msg.topic, msg.partition, msg.offset, msg.key, msg.value,
@@ -134,13 +144,48 @@ class StreamsRuntime:
         return {tp.partition for tp in self.app.assignor.assigned_actives()
                 if tp.topic == self.topics.trajectories}
 
+    async def watchdog(self, idle_s: float = 3.0) -> None:
+        """Re-seek to the committed offsets when faust fetched records it never delivered.
+
+        faust 0.15.3 can drop records fetched around a rebalance (a fetch that returns while
+        the generation changes, or after the flow stopped) after aiokafka's position has moved
+        past them; it then never fetches them again and the worker idles with a backlog (seen
+        after every few restarts in the crash tests). When no record arrived for `idle_s` and
+        the fetch position of a partition is past the next offset we expect, the flow is
+        stopped, positions go back to the committed offsets and the flow resumes; anything
+        delivered twice is dropped as a duplicate by the group stage."""
+        if not self._ready_for_sweep() or time.monotonic() - self.last_event < idle_s:
+            return
+        consumer = self.app.consumer
+        stuck = []
+        for tp in self.app.assignor.assigned_actives():
+            if tp.topic != self.topics.trajectories:
+                continue
+            position = await consumer.position(tp)
+            committed = consumer._committed_offset.get(tp) or 0  # faust's own record of commits
+            expected = max(self.delivered.get(tp.partition, -1) + 1, committed)
+            if position is not None and position > expected:
+                stuck.append((tp.partition, expected, position))
+        if stuck:
+            log.warning("faust fetched records it did not deliver (partition, expected, position): %s; "
+                        "seeking back to the committed offsets", stuck)
+            self.counters.inc("consumer.reseeks")
+            consumer.stop_flow()
+            try:
+                await consumer.perform_seek()
+            finally:
+                consumer.resume_flow()
+            self.last_event = time.monotonic()
+
     async def sweep(self) -> None:
         if not self._ready_for_sweep():
             return
+        await self.watchdog()
         async with self.lock:
             for gid, action in self.collector.due(time.time(), self.assigned_partitions()):
                 if action == "expire":
                     self.collector.forget(gid)
+                    self.written()
                 else:
                     await self.emit(gid, action)
         self.counters.gauge("groups.pending", self.collector.pending())
@@ -149,12 +194,15 @@ class StreamsRuntime:
 
     # ---------------------------------------------------------------- emit
 
-    def _group(self, gid: str, meta: dict[str, Any], complete: bool) -> Group:
+    def _group(self, gid: str, meta: dict[str, Any], complete: bool) -> Group | None:
         trajs = []
         for tid, raw in self.collector.bodies_of(gid):
             traj = self.cache.get(tid)
-            if traj is None:  # after a restart: the table holds the bytes, validated when consumed
-                traj = decode(raw, Trajectory, self.policies)
+            if traj is None:
+                if raw is None:  # lost in a crash; its re-delivery (not yet consumed) restores it
+                    log.warning("group %s: waiting for the re-delivery of %s", gid, tid)
+                    return None
+                traj = decode(raw, Trajectory, self.policies)  # after a restart: validated bytes
             trajs.append(traj)
         return Group(group_id=gid, task_id=meta["task"], env=meta["env"], policies=list(meta["policies"]),
                      group_size=meta["size"], trajectories=trajs, complete=complete)
@@ -170,10 +218,13 @@ class StreamsRuntime:
             c.inc("groups.timeout_dropped")
             c.inc("stage.group.dropped.timeout", n)
             c.inc("trajectories.dropped.timeout", n)
-            self._finish(gid, meta)
+            await self._finish(gid, meta)
+            return
+        group = self._group(gid, meta, complete=action == "complete")
+        if group is None:
+            c.inc("groups.waiting_for_bodies")
             return
         c.inc("groups.timeout_emitted" if action == "timeout_emit" else "groups.complete")
-        group = self._group(gid, meta, complete=action == "complete")
         c.inc("stage.group.out", n)
         try:
             outputs = self.pipeline.run(group)
@@ -184,7 +235,7 @@ class StreamsRuntime:
             for (tid, raw), offset in zip(self.collector.bodies_of(gid), offsets, strict=True):
                 await self.deadletter(self.topics.trajectories, meta["p"], offset, gid.encode(), raw,
                                       f"Trajectory {tid}: {exc}")
-            self._finish(gid, meta)
+            await self._finish(gid, meta)
             return
         summaries = [s for stage in self.pipeline.task_stats for s in stage.take()]
         records = [(s.policy, partition_for(s.group_id, self.topics.sample_partitions[s.policy]), s)
@@ -196,7 +247,7 @@ class StreamsRuntime:
                 records = await self._recover(gid, meta, records)
             else:
                 self.collector.mark_intent(gid, time.time(), targets)
-                await self.app.producer.flush()  # the intent is durable before any Sample exists
+                await asyncio.gather(*self.written())  # the intent is durable before any Sample exists
         futures = []
         self.emissions += bool(records)
         for i, (policy, part, sample) in enumerate(records):
@@ -218,7 +269,7 @@ class StreamsRuntime:
                 c.observe("latency.emit_ms", (done - self.arrived[gid]) * 1000.0)
             newest = max((t.created_at for t in group.trajectories), default=done)
             c.observe("latency.e2e_ms", max(0.0, done - newest) * 1000.0)
-        self._finish(gid, meta)
+        await self._finish(gid, meta)
 
     async def _maybe_fail(self, where: str, futures: list) -> None:
         if self.failpoint == (where, self.emissions):
@@ -241,11 +292,12 @@ class StreamsRuntime:
                     "topics", gid, len(records) - len(missing), len(records))
         return missing
 
-    def _finish(self, gid: str, meta: dict[str, Any]) -> None:
+    async def _finish(self, gid: str, meta: dict[str, Any]) -> None:
         for tid in meta["ids"]:
             self.cache.pop(tid, None)
         self.arrived.pop(gid, None)
         self.collector.mark_done(gid, time.time())
+        self.written()
 
     # ---------------------------------------------------------------- task stats
 
@@ -257,6 +309,7 @@ class StreamsRuntime:
             self.counters.inc("task_stats.duplicates")
             return
         self.stats_table.set(task, state, event.message.partition)
+        self.written()
         record = to_record(task, state)
         await self.topics.task_stats.send(key=task.encode(), value=encode(record))
         self.counters.inc("task_stats.published")
