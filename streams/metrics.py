@@ -25,8 +25,12 @@ since the previous report. Units: trajectories unless the name says otherwise.
     latency.emit_ms.p50 | .p99        last trajectory of a group consumed -> its Samples acknowledged
     latency.e2e_ms.p50 | .p99         newest trajectory's created_at -> its Samples acknowledged
                                       (spans hosts: includes clock skew)
+    groups.waiting_for_bodies         emissions postponed until a re-delivered trajectory restores
+                                      a body lost in a crash
+    consumer.reseeks                  times the watchdog sought back to the committed offsets
     deadletter.count                  records sent to `deadletter`
-    task_stats.published              TaskStats records sent to `task-stats`
+    task_stats.published | task_stats.duplicates
+                                      TaskStats records sent to `task-stats`; summaries seen twice
 """
 
 from __future__ import annotations
