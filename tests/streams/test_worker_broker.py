@@ -148,3 +148,19 @@ def test_worker_end_to_end(streams_harness) -> None:  # type: ignore[no-untyped-
     for policy in POLICIES:
         again = h.records(f"samples.{policy}", settle=2.0)
         assert len(again) == want[policy], f"{policy}: duplicates after re-sending the input"
+
+
+@pytest.mark.broker
+def test_refuses_to_start_without_its_topics(kafka, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    from tests.conftest import subprocess_env
+    from tests.streams.conftest import write_recipe
+
+    recipe = write_recipe(tmp_path / "recipe.yaml", kafka, POLICIES, PIPELINE)  # no `topics apply`
+    run = subprocess.run([sys.executable, "-m", "astraflow.cli", "streams", "-r", str(recipe), "--data-dir",
+                          str(tmp_path / "faust")], env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1
+    err = " ".join(run.stderr.split())
+    assert f"missing topic(s) {kafka.topic('trajectories')}" in err and "astraflow topics apply" in err
