@@ -147,7 +147,7 @@ def create_app(recipe: Recipe, *, kafka: KafkaSettings | None = None, data_dir: 
     runtime = StreamsRuntime(
         app, pipeline, Collector(pipeline.group, FaustTable(groups), FaustTable(bodies)), topics, settings,
         FaustTable(stats_table) if stats_table is not None else None,
-        instance_id or f"streams-{socket.gethostname()}-{os.getpid()}",
+        instance_id or f"streams-{socket.gethostname()}-{os.getpid()}", commit_every_s=cfg.commit_every_s,
     )
     app.astraflow = runtime
 

@@ -68,9 +68,11 @@ class Topics:
 
 class StreamsRuntime:
     def __init__(self, app: Any, pipeline: Pipeline, collector: Collector, topics: Topics,
-                 settings: KafkaSettings, stats_table: Any | None, instance_id: str) -> None:
+                 settings: KafkaSettings, stats_table: Any | None, instance_id: str,
+                 commit_every_s: float = 2.0) -> None:
         self.app, self.pipeline, self.collector, self.topics = app, pipeline, collector, topics
         self.settings, self.stats_table = settings, stats_table
+        self.commit_every_s = commit_every_s
         self.policies = frozenset(pipeline.ctx.policies)
         self.counters = pipeline.counters
         self.lock = asyncio.Lock()
@@ -79,8 +81,8 @@ class StreamsRuntime:
         self.publisher = Publisher(settings)
         self.dead = DeadLetters(self.publisher, "streams")
         self.reporter = MetricsReporter(self.publisher, "streams", instance_id, region=settings.region)
-        self.delivered: dict[int, int] = {}  # partition -> last offset handed to the agent
         self.last_event = time.monotonic()
+        self._was_ready = False
         self.failpoint = _failpoint()
         self.emissions = 0
         self.tables = [t for t in (collector.bodies, collector.groups, stats_table) if hasattr(t, "written")]
@@ -93,7 +95,6 @@ class StreamsRuntime:
 
     async def on_trajectory(self, msg: Any) -> None:
         c = self.counters
-        self.delivered[msg.partition] = msg.offset
         self.last_event = time.monotonic()
         c.inc("trajectories.in")
         c.inc("stage.validate.in")
@@ -138,44 +139,52 @@ class StreamsRuntime:
 
     def _ready_for_sweep(self) -> bool:
         recovery = self.app.tables.recovery
-        return not (self.app.rebalancing or recovery.in_recovery or not recovery.completed.is_set())
+        ready = not (self.app.rebalancing or recovery.in_recovery or not recovery.completed.is_set())
+        if ready and not self._was_ready:
+            self.last_event = time.monotonic()  # the watchdog's idle time counts from readiness
+        self._was_ready = ready
+        return ready
 
     def assigned_partitions(self) -> set[int]:
         return {tp.partition for tp in self.app.assignor.assigned_actives()
                 if tp.topic == self.topics.trajectories}
 
-    async def watchdog(self, idle_s: float = 3.0) -> None:
-        """Re-seek to the committed offsets when faust fetched records it never delivered.
+    async def watchdog(self) -> None:
+        """Re-seek to the committed offsets when a partition has records the worker never finished.
 
-        faust 0.15.3 can drop records fetched around a rebalance (a fetch that returns while
-        the generation changes, or after the flow stopped) after aiokafka's position has moved
-        past them; it then never fetches them again and the worker idles with a backlog (seen
-        after every few restarts in the crash tests). When no record arrived for `idle_s` and
-        the fetch position of a partition is past the next offset we expect, the flow is
-        stopped, positions go back to the committed offsets and the flow resumes; anything
-        delivered twice is dropped as a duplicate by the group stage."""
+        faust 0.15.3 can lose track of records fetched around a rebalance: it skips a range of
+        a partition and goes on after it (the commit then stops at the gap), or stops fetching a
+        partition at all; either way the skipped records are not processed until a restart
+        (seen after about half of the restarts in the crash tests). Once nothing has arrived
+        for two commit intervals, every partition should be committed up to its end; if one
+        is not, the flow is stopped, every partition goes back to its committed offset and the
+        flow resumes. What comes twice is dropped as a duplicate by the group stage."""
+        idle_s = 2 * self.commit_every_s + 1.0
         if not self._ready_for_sweep() or time.monotonic() - self.last_event < idle_s:
             return
         consumer = self.app.consumer
+        tps = [tp for tp in self.app.assignor.assigned_actives() if tp.topic == self.topics.trajectories]
+        if not tps:
+            return
+        ends = await consumer.highwaters(*tps)
         stuck = []
-        for tp in self.app.assignor.assigned_actives():
-            if tp.topic != self.topics.trajectories:
-                continue
-            position = await consumer.position(tp)
-            committed = consumer._committed_offset.get(tp) or 0  # faust's own record of commits
-            expected = max(self.delivered.get(tp.partition, -1) + 1, committed)
-            if position is not None and position > expected:
-                stuck.append((tp.partition, expected, position))
+        for tp in tps:
+            committed = consumer._committed_offset.get(tp) or 0  # faust's own record of its commits
+            end = ends.get(tp)
+            if end is not None and end > committed:
+                stuck.append((tp, committed, end))
         if stuck:
-            log.warning("faust fetched records it did not deliver (partition, expected, position): %s; "
-                        "seeking back to the committed offsets", stuck)
+            log.warning("idle for %.0f s with uncommitted records (partition, committed, end): %s; seeking "
+                        "back to the committed offsets", idle_s, [(tp.partition, c, e) for tp, c, e in stuck])
             self.counters.inc("consumer.reseeks")
+            starts = await consumer.earliest_offsets(*(tp for tp, *_ in stuck))
             consumer.stop_flow()
             try:
-                await consumer.perform_seek()
+                for tp, committed, _ in stuck:  # aiokafka's seek_to_committed skips uncommitted partitions
+                    await consumer.seek(tp, committed or starts.get(tp) or 0)
             finally:
                 consumer.resume_flow()
-            self.last_event = time.monotonic()
+        self.last_event = time.monotonic()
 
     async def sweep(self) -> None:
         if not self._ready_for_sweep():
