@@ -49,8 +49,8 @@ def test_sigkill_inside_an_emission_then_restart(streams_harness) -> None:  # ty
     assert w.proc.wait(60) == -signal.SIGKILL
     # 2: finishes that group from the read-back, then dies after all of the next group's Samples
     #    are acknowledged but before the group is marked done
-    w = h.start(extra_env={"ASTRAFLOW_STREAMS_FAILPOINT": "after_emit:2"})
-    assert w.proc.wait(60) == -signal.SIGKILL
+    w = h.start(extra_env={"ASTRAFLOW_STREAMS_FAILPOINT": "after_emit:2"}, wait=False)  # may die before "Ready"
+    assert w.proc.wait(120) == -signal.SIGKILL
     assert "recovered an interrupted emission; 2 of 4 Samples were already on the topics" in w.text()
     # 3: finds the last group's Samples all on the topic and sends none of them again
     w = h.start()
