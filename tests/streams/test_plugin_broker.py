@@ -36,14 +36,14 @@ def test_plugin_runs_in_a_faust_worker(streams_harness, tmp_path: Path) -> None:
     h = streams_harness(["policy"], PIPELINE)
     # without the package the name is unknown, and the error lists what is known
     check = subprocess.run([sys.executable, "-m", "astraflow.cli", "streams", "-r", str(h.recipe), "--check"],
-                           env=subprocess_env(), capture_output=True, text=True, timeout=120)
+                           env=subprocess_env(), capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert check.returncode == 1
     assert "unknown algorithm 'length_penalty'" in check.stderr and "grpo" in check.stderr
 
     target = install_plugin(tmp_path)
     env = {"PYTHONPATH": os.pathsep.join([str(target), str(REPO)])}
     check = subprocess.run([sys.executable, "-m", "astraflow.cli", "streams", "-r", str(h.recipe), "--check"],
-                           env=subprocess_env(**env), capture_output=True, text=True, timeout=120)
+                           env=subprocess_env(**env), capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert check.returncode == 0, check.stderr
     assert "validate -> group -> length_penalty -> dr_grpo -> route" in check.stdout
 
