@@ -117,7 +117,9 @@ class Collector:
                 self.bodies.set(traj.traj_id, raw, meta["p"])
             return Added("duplicate", ready=self.ready(meta))
         self.bodies.set(traj.traj_id, raw, meta["p"])
-        meta = {**meta, "ids": [*meta["ids"], traj.traj_id], "offs": [*meta["offs"], offset]}
+        # The group's policies are the union of its trajectories' (views may list different ones).
+        policies = [*meta["policies"], *(p for p in traj.policies if p not in meta["policies"])]
+        meta = {**meta, "ids": [*meta["ids"], traj.traj_id], "offs": [*meta["offs"], offset], "policies": policies}
         self.groups.set(gid, meta, meta["p"])
         return Added("added", ready=self.ready(meta))
 
@@ -125,8 +127,6 @@ class Collector:
     def _inconsistent(meta: dict[str, Any], traj: Trajectory) -> str:
         if traj.group_size != meta["size"]:
             return f"group_size {traj.group_size} differs from {meta['size']} of the group's first trajectory"
-        if list(traj.policies) != list(meta["policies"]):
-            return f"policies {traj.policies} differ from {meta['policies']} of the group's first trajectory"
         if traj.task_id != meta["task"]:
             return f"task_id {traj.task_id!r} differs from {meta['task']!r} of the group"
         return ""

@@ -16,7 +16,7 @@ import numpy as np
 
 from astraflow.errors import AstraFlowError
 from astraflow.records import Sample
-from streams.api import Group, Stage
+from streams.api import Group, Stage, owner_mask
 
 
 class PipelineError(AstraFlowError):
@@ -27,10 +27,10 @@ def route(group: Group, now: float | None = None) -> list[Sample]:
     """The Samples of a group, all policies together, in trajectory order within each policy."""
     now = time.time() if now is None else now
     out: list[Sample] = []
-    for p_idx, policy in enumerate(group.policies):
+    for policy in group.policies:
         if policy in group.skip_policies:
             continue
-        masks = [t.owner == p_idx for t in group.trajectories]
+        masks = [owner_mask(t, policy) for t in group.trajectories]
         members = [i for i, m in enumerate(masks) if m.any()]
         if not members:
             continue

@@ -30,8 +30,8 @@ RECENT_GROUPS = 64
 def summarize(group: Group, success_threshold: float = 1.0) -> dict[str, Any]:
     """One group's contribution: trajectories, reward sum, successes, zero variance, newest version.
 
-    A trajectory's reward here is the mean of its policies' rewards."""
-    rewards = np.array([np.mean([t.rewards[p] for p in group.policies]) for t in group.trajectories],
+    A trajectory's reward here is the mean of the rewards of the policies it lists."""
+    rewards = np.array([np.mean([t.rewards[p] for p in t.policies]) for t in group.trajectories],
                        dtype=np.float64)
     zero_var = all(constant(group.rewards(p)[group.members(p)]) for p in group.policies)
     versions = [int(t.versions.max()) for t in group.trajectories if t.versions.size]

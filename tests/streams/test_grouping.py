@@ -84,6 +84,12 @@ def test_inconsistent_members_are_refused() -> None:
     other_size = make_traj("t0", 1, group_size=4)
     res = c.add(other_size, raw(other_size), 0, 0.0)
     assert res.outcome == "inconsistent" and "group_size 4 differs from 3" in res.reason
-    other_policies = make_traj("t0", 1, group_size=3, policies=("a", "b"))
-    assert "policies" in c.add(other_policies, raw(other_policies), 0, 0.0).reason
+    other_task = make_traj("t1", 1, group_size=3)
+    other_task.group_id = "t0#0"  # claims the group of another task
+    res = c.add(other_task, raw(other_task.validate()), 0, 0.0)
+    assert res.outcome == "inconsistent" and "task_id 't1'" in res.reason
     assert c.groups.get("t0#0")["ids"] == ["t0#0#0"]
+    # Members may list other policies (one view per policy, as in the referential game): not refused.
+    view = make_traj("t0", 1, group_size=3, policies=("a", "b"))
+    assert c.add(view, raw(view), 0, 0.0).outcome == "added"
+    assert c.groups.get("t0#0")["policies"] == ["policy", "a", "b"]
