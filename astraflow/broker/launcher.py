@@ -249,8 +249,9 @@ class _SilentLogger:
 
 
 def start(port: int = 9092, data_dir: Path | None = None, heap: str = "512m", timeout: float = 180.0,
-          progress: Callable[[str], None] = lambda _: None) -> BrokerState:
-    """Start a broker (or return the one already running in `data_dir`). `port=0` picks a free port."""
+          progress: Callable[[str], None] = lambda _: None, die_with_parent: bool = False) -> BrokerState:
+    """Start a broker (or return the one already running in `data_dir`). `port=0` picks a free port.
+    With `die_with_parent`, the JVM gets SIGTERM if the calling process dies (`astraflow run`)."""
     data_dir = (data_dir or default_data_dir()).expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     with _file_lock(data_dir / ".lock"):
@@ -283,7 +284,8 @@ def start(port: int = 9092, data_dir: Path | None = None, heap: str = "512m", ti
         started = time.time()
         with open(logs / "kafka.out", "ab") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, cwd=data_dir)
+                                    start_new_session=True, cwd=data_dir,
+                                    preexec_fn=die_with_parent_signal if die_with_parent else None)
         state = BrokerState(pid=proc.pid, port=port, controller_port=controller_port,
                             bootstrap=f"127.0.0.1:{port}", data_dir=str(data_dir), log_file=str(log_file),
                             cluster_id=cluster_id, started_at=started)
@@ -302,6 +304,14 @@ def start(port: int = 9092, data_dir: Path | None = None, heap: str = "512m", ti
         _terminate(proc.pid, data_dir, 10)
         raise BrokerError(f"Kafka did not answer on {state.bootstrap} within {timeout:.0f}s. Log: {log_file}\n"
                           f"{log_tail(log_file)}")
+
+
+def die_with_parent_signal() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """PR_SET_PDEATHSIG: SIGTERM this process when its parent dies, even by SIGKILL."""
+    import ctypes
+
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
 
 
 def _format_storage(java: str, libs: Path, data_dir: Path, props: Path, state: BrokerState | None) -> str:

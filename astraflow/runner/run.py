@@ -101,7 +101,7 @@ class Run:
                 settings = settings.model_copy(update={"namespace": self.recipe.name})
             self.event(f"using Kafka at {settings.bootstrap} (namespace {settings.namespace})")
             return settings
-        state = broker.start(port=0, data_dir=self.run_dir / "broker", progress=self.event)
+        state = broker.start(port=0, data_dir=self.run_dir / "broker", progress=self.event, die_with_parent=True)
         self.started_broker = True
         self.event(f"local Kafka {broker.kafka_version()} at {state.bootstrap} (data {self.run_dir / 'broker'})")
         return settings.model_copy(update={"bootstrap": state.bootstrap})

@@ -9,7 +9,6 @@ SIGKILL of the supervisor leaves no orphan behind. Output goes to `<run_dir>/log
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -20,14 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from astraflow.broker.launcher import die_with_parent_signal
+
 log = logging.getLogger(__name__)
-
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass
@@ -80,7 +74,7 @@ class Supervisor:
         c.proc = subprocess.Popen(
             [sys.executable, "-m", "astraflow.cli", *c.args], stdout=logfile, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, env=env, cwd=os.getcwd(), start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent_signal,
         )
         logfile.close()
         c.started_at = time.time()

@@ -60,3 +60,16 @@ def test_ctrl_c_leaves_nothing_running_and_a_second_run_resumes(tmp_path: Path) 
     groups = trained_groups(run_dir, "solver")
     assert len(groups) == len(set(groups)), "a group was trained twice across the restart"
     assert len(groups) >= 2 * target  # every step trained batch_groups groups
+
+
+def test_a_killed_supervisor_takes_its_components_and_broker_with_it(tmp_path: Path) -> None:
+    recipe = recipe_copy("arithmetic", tmp_path, model=TINY, worker={"count": 1},
+                         trainer={"batch_groups": 2}, run={"max_steps": None})
+    run_dir = tmp_path / "run"
+    proc = start_run(recipe, run_dir, subprocess_env())
+    wait_for(lambda: trainer_steps(run_dir, "solver") >= 1 or proc.poll() is not None, 600, "a trainer step")
+    assert proc.poll() is None
+    assert len(processes_of(run_dir)) >= 5  # broker, trainer, streams, worker, feeder
+    proc.kill()  # SIGKILL: no chance to clean up; PR_SET_PDEATHSIG must do it
+    proc.communicate(timeout=60)
+    wait_for(lambda: processes_of(run_dir) == [], 120, "every process of the run to exit")
