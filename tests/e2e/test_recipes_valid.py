@@ -15,8 +15,9 @@ from streams.pipeline import build_pipeline
 from tests.conftest import REPO
 from workers.cli import check_recipe
 
-RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
+RECIPES = sorted((REPO / "recipes").rglob("*.yaml"))
 CPU_RECIPES = {"arithmetic", "guess_number", "search", "solve_and_verify", "referential_game", "code"}
+GPU_RECIPES = {"qwen2.5-1.5b-math"}
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
@@ -30,8 +31,16 @@ def test_recipe_is_accepted_by_every_component(path: Path) -> None:
     assert recipe.description.strip(), "say what the recipe trains and what to expect"
 
 
-def test_the_cpu_recipes_exist() -> None:
-    assert {p.stem for p in RECIPES} >= CPU_RECIPES
+def test_the_cpu_and_gpu_recipes_exist() -> None:
+    assert {p.stem for p in RECIPES} >= CPU_RECIPES | GPU_RECIPES
+    for path in RECIPES:
+        recipe = load_recipe(path)
+        gpu = path.parent.name == "gpu"
+        assert (recipe.name in GPU_RECIPES) == gpu
+        if gpu:  # real checkpoints from a local path, served by SGLang, trained on CUDA
+            assert recipe.model.path and recipe.worker.engine.type == "sglang" and recipe.trainer.device == "cuda"
+        else:
+            assert recipe.model.path is None and recipe.worker.engine.type == "torch"
 
 
 def test_an_unknown_name_fails_at_load_time(tmp_path: Path) -> None:
