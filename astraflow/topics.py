@@ -224,11 +224,35 @@ def apply(admin: Any, specs: list[TopicSpec], timeout: float = 30.0) -> ApplyRep
         if to_alter:
             for fut in admin.incremental_alter_configs(to_alter, request_timeout=timeout).values():
                 fut.result()
+            _await_configs(admin, dict(report.reconfigured), timeout)
     changed = {n for n, *_ in report.grown} | {n for n, _ in report.reconfigured}
     report.unchanged.extend(s.name for s in present if s.name not in changed)
     if report.created or report.grown:
         _await_metadata(admin, specs, timeout)
     return report
+
+
+def _await_configs(admin: Any, wanted: dict[str, dict[str, str]], timeout: float) -> None:
+    """Wait until `describe_configs` shows the values just set: the broker acknowledges an alter
+    before every read path sees it, and a second `apply` right after must find nothing to change."""
+    import time
+
+    from confluent_kafka.admin import ConfigResource
+
+    deadline = time.monotonic() + timeout
+    while True:
+        described = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, n) for n in wanted],
+                                           request_timeout=timeout)
+        lagging = []
+        for res, fut in described.items():
+            have = {k: v.value for k, v in fut.result().items()}
+            if any(have.get(k) != v for k, v in wanted[res.name].items()):
+                lagging.append(res.name)
+        if not lagging:
+            return
+        if time.monotonic() > deadline:
+            raise ConfigError(f"topic configs not applied after {timeout:.0f}s: {', '.join(lagging)}")
+        time.sleep(0.2)
 
 
 def _await_metadata(admin: Any, specs: list[TopicSpec], timeout: float) -> None:

@@ -52,10 +52,12 @@ def test_workers_share_join_and_survive_sigkill(kafka: KafkaSettings, topics: An
     from .conftest import make_recipe
 
     topics(["policy"])
-    # the code environment runs every episode in a sandbox subprocess: episodes take real time
+    # the code environment runs every episode in a sandbox subprocess, and a simulated remote judge
+    # adds 2 s: the run cannot finish before the third worker has joined and the kill (72 tasks x 2
+    # on at most 12 episodes at a time is at least 24 s of judging)
     data = {"name": "elastic", "model": dict(TINY), "kafka": kafka.model_dump(exclude_none=True),
             "feeder": {"env": "code", "group_size": GROUP, "admission": False, "max_tasks": FIRST,
-                       "env_args": {"max_tokens": 16}},
+                       "env_args": {"max_tokens": 16, "judge_latency_s": 2.0}},
             "worker": {"max_episodes": 4, "metrics_every_s": 1.0, "drain_timeout_s": 20}}
     recipe_path = tmp_path / "recipe.yaml"
     recipe_path.write_text(yaml.safe_dump(data))

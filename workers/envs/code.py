@@ -8,6 +8,8 @@ network, a temporary directory). Broken, slow or hostile programs score 0, and t
 
 from __future__ import annotations
 
+import asyncio
+
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -38,6 +40,8 @@ class CodeEnv(Environment):
         """Address-space limit of the sandbox process."""
         wall_s: float = Field(default=5.0, gt=0, le=300)
         """Wall-clock limit of one test run (the process group is killed after it)."""
+        judge_latency_s: float = Field(default=0.0, ge=0.0, le=60.0)
+        """Simulated latency of a remote judge, added to every test run."""
 
     def tasks(self, seed: int) -> Iterator[tuple[TaskSpec, int]]:
         pool = []
@@ -62,6 +66,8 @@ class CodeEnv(Environment):
         source = state["head"] + codec.text(action) + "\n"
         limits = Limits(cpu_s=self.args.cpu_s, memory_mb=self.args.memory_mb, wall_s=self.args.wall_s)
         result = await run_tests(source, state["func"], state["tests"], limits)
+        if self.args.judge_latency_s:
+            await asyncio.sleep(self.args.judge_latency_s)
         return Step(reward=result.score, done=True,
                     info={"passed": result.passed, "total": result.total, "reason": result.reason,
                           "truncated": codec.eos not in action})
