@@ -227,6 +227,10 @@ class StreamsRuntime:
             c.inc("groups.timeout_dropped")
             c.inc("stage.group.dropped.timeout", n)
             c.inc("trajectories.dropped.timeout", n)
+            if self.pipeline.task_stats:  # it reaches no trainer: the feeder counts it consumed
+                await self._send_summaries([{"gid": gid, "task": meta["task"], "env": meta["env"], "n": 0,
+                                             "reward_sum": 0.0, "successes": 0, "zero_variance": False,
+                                             "version": -1, "dropped": True}])
             await self._finish(gid, meta)
             return
         group = self._group(gid, meta, complete=action == "complete")
@@ -244,9 +248,15 @@ class StreamsRuntime:
             for (tid, raw), offset in zip(self.collector.bodies_of(gid), offsets, strict=True):
                 await self.deadletter(self.topics.trajectories, meta["p"], offset, gid.encode(), raw,
                                       f"Trajectory {tid}: {exc}")
+            # the group reaches no trainer: its task statistics say so (the feeder counts it consumed)
+            await self._send_summaries([dict(s, dropped=True) for stage in self.pipeline.task_stats
+                                        for s in stage.take()])
             await self._finish(gid, meta)
             return
         summaries = [s for stage in self.pipeline.task_stats for s in stage.take()]
+        reached = {s.policy for s in samples if s.group_id == gid}
+        for summary in summaries:  # a group that reaches no trainer of some policy: the feeder counts it consumed
+            summary["dropped"] = summary["gid"] == gid and not set(group.policies) <= reached
         records = [(s.policy, partition_for(s.group_id, self.topics.sample_partitions[s.policy]), s)
                    for s in samples]
         emitted = bool(records)
@@ -266,9 +276,7 @@ class StreamsRuntime:
             futures.append(await topic.send(key=sample.group_id.encode(), value=encode(sample, self.policies),
                                             partition=part))
             c.inc(f"samples.out.{policy}")
-        if self.topics.task_updates is not None:
-            for summary in summaries:
-                futures.append(await self.topics.task_updates.send(key=summary["task"].encode(), value=summary))
+        futures += await self._send_summaries(summaries, wait=False)
         await asyncio.gather(*futures)
         await self._maybe_fail("after_emit", futures)
         done = time.time()
@@ -279,6 +287,15 @@ class StreamsRuntime:
             newest = max((t.created_at for t in group.trajectories), default=done)
             c.observe("latency.e2e_ms", max(0.0, done - newest) * 1000.0)
         await self._finish(gid, meta)
+
+    async def _send_summaries(self, summaries: list[dict[str, Any]], wait: bool = True) -> list:
+        futures = []
+        if self.topics.task_updates is not None:
+            for summary in summaries:
+                futures.append(await self.topics.task_updates.send(key=summary["task"].encode(), value=summary))
+        if wait:
+            await asyncio.gather(*futures)
+        return futures
 
     async def _maybe_fail(self, where: str, futures: list) -> None:
         if self.failpoint == (where, self.emissions):

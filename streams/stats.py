@@ -39,6 +39,7 @@ def summarize(group: Group, success_threshold: float = 1.0) -> dict[str, Any]:
         "gid": group.group_id, "task": group.task_id, "env": group.env, "n": len(group),
         "reward_sum": float(rewards.sum()), "successes": int((rewards >= success_threshold).sum()),
         "zero_variance": bool(zero_var and len(group) > 0), "version": max(versions, default=-1),
+        "dropped": False,
     }
 
 
@@ -46,7 +47,7 @@ def fold(state: dict[str, Any] | None, summary: dict[str, Any]) -> tuple[dict[st
     """Add a summary to a task's running state. Returns (new state, applied); a group already
     applied (by group_id, among the last RECENT_GROUPS) leaves the state unchanged."""
     state = state or {"groups": 0, "samples": 0, "reward_sum": 0.0, "successes": 0, "zero_variance": 0,
-                      "version": -1, "recent": [], "env": summary["env"]}
+                      "dropped": 0, "version": -1, "recent": [], "env": summary["env"]}
     if summary["gid"] in state["recent"]:
         return state, False
     new = {
@@ -55,6 +56,7 @@ def fold(state: dict[str, Any] | None, summary: dict[str, Any]) -> tuple[dict[st
         "reward_sum": state["reward_sum"] + summary["reward_sum"],
         "successes": state["successes"] + summary["successes"],
         "zero_variance": state["zero_variance"] + int(summary["zero_variance"]),
+        "dropped": state.get("dropped", 0) + int(summary.get("dropped", False)),
         "version": max(state["version"], summary["version"]),
         "recent": [*state["recent"], summary["gid"]][-RECENT_GROUPS:],
         "env": summary["env"],
@@ -68,7 +70,7 @@ def to_record(task_id: str, state: dict[str, Any], now: float | None = None) -> 
         task_id=task_id, env=state["env"], groups=state["groups"], samples=n,
         mean_reward=state["reward_sum"] / n if n else 0.0,
         success_rate=min(1.0, state["successes"] / n) if n else 0.0,
-        zero_variance_groups=state["zero_variance"], last_version=max(-1, state["version"]),
+        zero_variance_groups=state["zero_variance"], dropped_groups=state.get("dropped", 0), last_version=max(-1, state["version"]),
         updated_at=time.time() if now is None else now,
     )
 

@@ -25,6 +25,7 @@ Metrics (component `trainer`, one Metric per step; sums over the batch unless no
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -43,7 +44,7 @@ from astraflow.errors import AstraFlowError
 from astraflow.kafka import DeadLetters, Publisher, consumer_config, decode_or_deadletter
 from astraflow.metrics import MetricsReporter
 from astraflow.models import init_checkpoint, load_model, load_tokenizer
-from astraflow.records import Sample
+from astraflow.records import Sample, WeightVersion
 from astraflow.weights import WeightServer, WeightStore
 from trainer import checkpoint as ckpt
 from trainer import distributed
@@ -195,6 +196,7 @@ class Trainer:
                     self._train(batch, mine, num_tokens, num_seqs)
                 elif batch is not None:  # every sample was stale: nothing to train
                     self._finish_batch(batch, {})
+                    self._announce()  # no new version, but the feeder must learn these groups are consumed
             clean = True
         finally:
             self._close(clean)
@@ -293,13 +295,17 @@ class Trainer:
         event = self.store.publish(self.engine.state_dict(), self.version + 1, step=self.step)
         self.version = event.version
         self._checkpoint()
-        self.publisher.send("weights", event, key=self.policy)
+        self.publisher.send("weights", self._progress(event), key=self.policy)
         self.publisher.flush()
         log.info("%s: published version %d at step %d", self.policy, self.version, self.step)
 
     def _announce(self) -> None:
-        self.publisher.send("weights", self.store.event(self.version), key=self.policy)
+        self.publisher.send("weights", self._progress(self.store.event(self.version)), key=self.policy)
         self.publisher.flush()
+
+    def _progress(self, event: WeightVersion) -> WeightVersion:
+        """The event with how many groups this trainer has consumed (the feeder's admission control)."""
+        return dataclasses.replace(event, groups_consumed=self.buffer.counts["groups.trained"])
 
     def _checkpoint(self) -> None:
         state: dict[str, Any] = {"policy": self.policy, "version": self.version, "batches": self.batches, "time": time.time(),

@@ -2,10 +2,13 @@
 
 Sources: an environment's generator (deterministic: the same seed gives the same tasks, ids and
 attempts) or a JSONL file. Two controls sit between the source and the topic:
-- admission: at most (max_staleness + 1) x trainer.batch_groups groups may be ahead of the slowest
-  trainer. Trainer progress is WeightVersion.step x batch_groups (the compacted `weights` topic);
-  groups the streams stage dropped as zero-variance (`task-stats`) count as consumed too. Groups
-  published so far are the records in `tasks`, so a restarted feeder keeps the same budget.
+- admission: at most (max_staleness + 1) x trainer.publish_every x trainer.batch_groups groups may
+  be ahead of the slowest trainer (more would be stale when trained). A trainer's progress is the
+  larger of WeightVersion.groups_consumed (groups trained or discarded as stale) and
+  WeightVersion.step x batch_groups, from the compacted `weights` topic; groups that reach no
+  trainer (TaskStats.dropped_groups: dropped by a streams filter, a failed stage or a group
+  timeout) count as consumed too. Groups published so far are the records in `tasks`, so a
+  restarted feeder keeps the same budget.
 - selective rollout (`feeder.selective`): tasks whose TaskStats say they are always or never solved
   are skipped, except a `keep_fraction` of them and any task after `max_skips_in_row` skips.
 A restarted feeder resumes its generator where it stopped (`<run_dir>/feeder/state.json`).
@@ -96,7 +99,7 @@ class Feeder:
         self.settings = settings
         self.jsonl = Path(jsonl) if jsonl else (Path(self.cfg.jsonl) if self.cfg.jsonl else None)
         self.state_file = self.run_dir / "feeder" / "state.json"
-        self.steps: dict[str, int] = {}
+        self.consumed: dict[str, int] = {}  # policy -> groups its trainer has consumed
         self.stats: dict[str, TaskStats] = {}
         self.stopping = False
         self.published = 0
@@ -138,21 +141,22 @@ class Feeder:
                 self.counts["deadletters"] += 1
                 continue
             if isinstance(rec, WeightVersion):
-                self.steps[rec.policy] = max(self.steps.get(rec.policy, 0), rec.step)
+                consumed = max(rec.groups_consumed, rec.step * self.recipe.trainer.batch_groups)
+                self.consumed[rec.policy] = max(self.consumed.get(rec.policy, 0), consumed)
             elif isinstance(rec, TaskStats):
                 self.stats[rec.task_id] = rec
 
     def trainer_groups(self) -> int:
-        """Groups consumed so far by the slowest trainer (plus zero-variance groups streams dropped)."""
-        batch = self.recipe.trainer.batch_groups
-        trained = min(self.steps.get(p, 0) for p in self.recipe.policy_names) * batch
-        dropped = sum(s.zero_variance_groups for s in self.stats.values())
+        """Groups consumed so far by the slowest trainer, plus the groups that reach no trainer."""
+        trained = min(self.consumed.get(p, 0) for p in self.recipe.policy_names)
+        dropped = sum(s.dropped_groups for s in self.stats.values())
         return trained + dropped
 
     def admitted(self) -> bool:
         if not self.cfg.admission:
             return True
-        window = (self.recipe.max_staleness + 1) * self.recipe.trainer.batch_groups
+        t = self.recipe.trainer
+        window = (self.recipe.max_staleness + 1) * t.publish_every * t.batch_groups
         return self.published - self.trainer_groups() < window
 
     def skip(self, task: Task) -> bool:

@@ -253,6 +253,9 @@ class WeightVersion(Record):
     changed_fraction: float | None = wire(Optional(Float(min=0.0, max=1.0)), default=None)
     dtype: str = wire(Str(choices=DTYPES), default="bfloat16")
     created_at: float = wire(Float(min=0), default_factory=_now)
+    groups_consumed: int = wire(Int(min=0), default=0)
+    """Groups the trainer has taken from its samples topic so far (trained, or discarded as stale):
+    the feeder's admission control counts them as consumed."""
 
     def _check(self, known_policies: frozenset[str] | None) -> None:
         _check_policy("policy", self.policy, known_policies)
@@ -278,6 +281,9 @@ class TaskStats(Record):
     mean_reward: float = wire(Float(), default=0.0)
     success_rate: float = wire(Float(min=0.0, max=1.0), default=0.0)
     zero_variance_groups: int = wire(Int(min=0), default=0)
+    dropped_groups: int = wire(Int(min=0), default=0)
+    """Groups of this task that reach no trainer of some policy (a filter or a stage dropped them):
+    the feeder counts them as consumed."""
     last_version: int = wire(Int(min=-1), default=-1)
     updated_at: float = wire(Float(min=0), default_factory=_now)
 

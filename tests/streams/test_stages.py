@@ -97,15 +97,16 @@ def test_task_stats_summary_and_idempotent_fold() -> None:
     g = make_group([1.0, 0.0, 1.0, 1.0], version=3)
     s = summarize(g, success_threshold=1.0)
     assert s == {"gid": "t0#0", "task": "t0", "env": "arith", "n": 4, "reward_sum": 3.0, "successes": 3,
-                 "zero_variance": False, "version": 3}
+                 "zero_variance": False, "version": 3, "dropped": False}
     state, applied = fold(None, s)
     assert applied
     again, applied = fold(state, s)
     assert not applied and again == state  # a re-delivered summary counts once
     flat = summarize(make_group([0.0, 0.0], task="t0", attempt=1, version=4))
-    state, _ = fold(state, flat)
+    state, _ = fold(state, dict(flat, dropped=True))  # the runtime marks groups that reach no trainer
     rec = to_record("t0", state, now=5.0)
     assert (rec.groups, rec.samples, rec.zero_variance_groups, rec.last_version) == (2, 6, 1, 4)
+    assert rec.dropped_groups == 1
     assert rec.mean_reward == pytest.approx(3 / 6) and rec.success_rate == pytest.approx(3 / 6)
 
 

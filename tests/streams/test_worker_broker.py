@@ -134,10 +134,13 @@ def test_worker_end_to_end(streams_harness) -> None:  # type: ignore[no-untyped-
     assert values["groups.timeout_emitted"] == 1 and values["groups.emitted"] == 8
     assert values["stage.grpo.in"] == 6 * 4 + 3 + 2  # the zero-variance group never reaches it
 
-    stats = {r.task_id: r for r in h.records("task-stats", expect=9) if isinstance(r, TaskStats)}
+    stats = {r.task_id: r for r in h.records("task-stats", expect=10) if isinstance(r, TaskStats)}
     assert stats["zero"].zero_variance_groups == 1 and stats["zero"].mean_reward == 1.0
     assert stats["g0"].samples == 4 and stats["g0"].mean_reward == pytest.approx(0.5)  # mean over policies
-    assert "lonely" not in stats
+    # groups that reach no trainer say so (the feeder counts them consumed): the zero-variance one
+    # and the one dropped at its timeout; every other group reached both trainers
+    assert {t for t, r in stats.items() if r.dropped_groups} == {"zero", "lonely"}
+    assert (stats["lonely"].groups, stats["lonely"].samples, stats["lonely"].dropped_groups) == (1, 0, 1)
 
     # the same input again, to a restarted worker: nothing new on the samples topics
     assert h.stop(worker) == 0

@@ -108,3 +108,7 @@ def test_bad_records_duplicates_and_stale_samples_are_counted_not_trained(kafka:
     assert "not a msgpack record" in dead[1].error and dead[1].raw == b"\x93garbage"
     last = [m for m in read_topic(kafka, "metrics", Metric) if m.component == "trainer"][-1]
     assert last.values["samples.stale"] == 4 and last.values["deadletter"] == 2
+    # every event says how many groups were consumed: the all-stale g3 (no new version) is announced
+    # too, so the feeder's admission control sees it consumed
+    progress = [(w.version, w.groups_consumed) for w in read_topic(kafka, "weights", WeightVersion)]
+    assert progress[-4:] == [(1, 1), (2, 2), (2, 3), (3, 4)], progress

@@ -51,6 +51,21 @@ def test_jsonl_bad_lines_raise_without_deadletters(tmp_path: Path) -> None:
         next(it)
 
 
+def test_admission_window_spans_the_versions_a_sample_may_lag() -> None:
+    # a version every 3 steps of 2 groups, max_staleness 1: a group may be trained up to
+    # (1 + 1) versions x 3 steps x 2 groups = 12 groups after it was fed
+    recipe = make_recipe(max_staleness=1, trainer={"batch_groups": 2, "publish_every": 3})
+    f = Feeder(recipe, Path("/nonexistent"), KafkaSettings(bootstrap="x:1"))
+    f.published = 11
+    assert f.admitted()
+    f.published = 12
+    assert not f.admitted()
+    f.consumed["policy"] = 1  # one group trained (or discarded as stale) without a step yet
+    assert f.admitted() and f.trainer_groups() == 1
+    f.stats["t"] = TaskStats(task_id="t", env="arithmetic", groups=4, zero_variance_groups=4, dropped_groups=2)
+    assert f.trainer_groups() == 3  # dropped groups count, zero-variance ones that were trained do not
+
+
 def test_selective_rollout_skips_with_a_floor() -> None:
     recipe = make_recipe(feeder={"selective": {"enabled": True, "min_groups": 2, "keep_fraction": 0.25,
                                                "max_skips_in_row": 3}})
@@ -98,8 +113,19 @@ def test_admission_follows_the_slowest_trainer(kafka: KafkaSettings, topics: Any
         assert wait_published(6) == 6  # min step 1 -> 2 groups trained -> 6 admitted
         pub.send("task-stats", TaskStats(task_id="x", env="arithmetic", groups=3, zero_variance_groups=3), key="x")
         pub.flush()
-        assert wait_published(9) == 9  # 3 groups dropped by streams count as consumed
+        assert wait_published(7, timeout=3.0) == 6  # zero variance alone says nothing: no filter may drop them
+        pub.send("task-stats", TaskStats(task_id="x", env="arithmetic", groups=3, zero_variance_groups=3,
+                                         dropped_groups=1), key="x")
+        pub.flush()
+        assert wait_published(7) == 7  # a group that reaches no trainer counts as consumed
+        pub.send("weights", WeightVersion(policy="B", version=1, step=1, groups_consumed=3,
+                                          snapshot_uri="file:///x"), key="B")
+        pub.flush()
+        assert wait_published(8) == 8  # B discarded a stale group: consumed without a step
         pub.send("weights", WeightVersion(policy="B", version=2, step=5, snapshot_uri="file:///x"), key="B")
+        pub.flush()
+        assert wait_published(10, timeout=3.0) == 9  # A (4 groups) is now the slowest: 4 + 1 + 4 = 9
+        pub.send("weights", WeightVersion(policy="A", version=2, step=5, snapshot_uri="file:///x"), key="A")
         pub.flush()
     finally:
         thread.join(60)
