@@ -69,6 +69,36 @@ def check_topics(settings: KafkaSettings, bases: list[str], timeout: float = 15.
     return Cluster(partitions=parts, replication=max(1, len(first.replicas)))
 
 
+def precreate(settings: KafkaSettings, faust_topics: list[Any], partitions: int, replication: int,
+              timeout: float = 30.0) -> list[str]:
+    """Create Faust's internal topics (table changelogs, task updates) that do not exist yet, and
+    wait until the cluster metadata shows them. Faust creates them itself at start and subscribes
+    right after; a topic the metadata does not show yet is dropped from the subscription (faust
+    0.15.3 logs "Ignoring missing topic"): its agent never gets a record and a send to it waits,
+    which stalls the pipeline agent on a fresh broker. Returns the names created."""
+    from mode.utils.times import want_seconds
+
+    from astraflow.topics import TopicSpec, apply
+
+    admin = make_admin(settings)
+    existing = admin.list_topics(timeout=timeout).topics
+    specs = []
+    for topic in faust_topics:
+        configs = {str(k): str(v) for k, v in (topic.config or {}).items()}
+        cleanup = [flag for flag, on in (("compact", topic.compacting), ("delete", topic.deleting)) if on]
+        if cleanup:
+            configs["cleanup.policy"] = ",".join(cleanup)
+        if topic.retention:
+            configs["retention.ms"] = str(int(want_seconds(topic.retention) * 1000))
+        for name in topic.topics:
+            if name not in existing:
+                specs.append(TopicSpec(name=name, base=name, record="internal", partitions=topic.partitions or partitions,
+                                       replication=topic.replicas or replication, configs=configs))
+    if not specs:
+        return []
+    return apply(admin, specs, timeout=timeout).created
+
+
 def _table(app: Any, name: str, partitions: int, value_serializer: str, configs: dict[str, str]) -> Any:
     """A memory-store table whose changelog uses msgpack keys and the given value codec. Faust
     derives a table's codecs from key_type/value_type only (json otherwise, whatever the schema
@@ -138,6 +168,11 @@ def create_app(recipe: Recipe, *, kafka: KafkaSettings | None = None, data_dir: 
                                  key_serializer="raw", value_serializer="msgpack")
         task_stats_topic = app.topic(settings.topic("task-stats"), **raw)
         stats_table = _table(app, "task_stats", n_parts, "msgpack", {})
+
+    internal = [groups.changelog_topic, bodies.changelog_topic]
+    if task_updates is not None:
+        internal += [task_updates, stats_table.changelog_topic]
+    precreate(settings, internal, n_parts, cluster.replication)
 
     topics = Topics(
         trajectories=traj_topic, samples=samples,
