@@ -9,7 +9,6 @@ network, a temporary directory). Broken, slow or hostile programs score 0, and t
 from __future__ import annotations
 
 import asyncio
-
 import random
 from collections.abc import Iterator
 from typing import Any
