@@ -213,6 +213,9 @@ _register_components()
 def main() -> None:
     logging.basicConfig(level=os.environ.get("ASTRAFLOW_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from astraflow.runner.supervisor import exit_when_orphaned
+
+    exit_when_orphaned()
     try:
         app()
     except AstraFlowError as exc:

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,33 @@ from pathlib import Path
 from astraflow.broker.launcher import die_with_parent_signal
 
 log = logging.getLogger(__name__)
+
+SUPERVISOR_ENV = "ASTRAFLOW_SUPERVISOR_PID"
+ORPHAN_GRACE_S = 30.0
+
+
+def exit_when_orphaned(grace_s: float = ORPHAN_GRACE_S, interval_s: float = 0.5) -> threading.Thread | None:
+    """In a supervised component: once the supervisor is gone, give the graceful stop that its
+    PR_SET_PDEATHSIG SIGTERM started `grace_s` seconds, then exit hard. Nobody else will: the
+    supervisor that would have sent SIGKILL after the grace period is dead, and the broker usually
+    died with it, so a graceful stop that waits on Kafka would wait forever. Only for a direct child
+    of the supervisor (a grandchild with the same environment is left alone)."""
+    supervisor = os.environ.get(SUPERVISOR_ENV, "")
+    if not supervisor.isdigit() or os.getppid() != int(supervisor):
+        return None
+
+    def watch() -> None:
+        while os.getppid() == int(supervisor):
+            time.sleep(interval_s)
+        time.sleep(grace_s)
+        sys.stderr.write(f"astraflow: the supervisor (PID {supervisor}) is gone and this process did not stop "
+                         f"within {grace_s:.0f}s: exiting\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+    thread = threading.Thread(target=watch, name="orphan-guard", daemon=True)
+    thread.start()
+    return thread
 
 
 @dataclass
@@ -67,7 +95,7 @@ class Supervisor:
         self.components.append(component)
 
     def _spawn(self, c: Component) -> None:
-        env = {**self.env, **c.env}
+        env = {**self.env, **c.env, SUPERVISOR_ENV: str(os.getpid())}
         logfile = open(self.logs / f"{c.name}.log", "ab")  # noqa: SIM115 - owned by the child from here
         logfile.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} astraflow {' '.join(c.args)}\n".encode())
         logfile.flush()

@@ -1,0 +1,69 @@
+"""A supervised component whose supervisor died (SIGKILL) must not outlive it for long, even when
+its graceful stop hangs (the broker died too): it exits on its own after a grace period."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from astraflow.runner.supervisor import SUPERVISOR_ENV, exit_when_orphaned
+from tests.conftest import subprocess_env
+
+CHILD = textwrap.dedent("""
+    import os, signal, sys, time
+    from astraflow.runner.supervisor import exit_when_orphaned
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a graceful stop that never ends
+    assert exit_when_orphaned(grace_s=1.0, interval_s=0.1) is not None
+    open(sys.argv[1], "w").write(str(os.getpid()))
+    time.sleep(600)
+""")
+
+PARENT = textwrap.dedent("""
+    import os, subprocess, sys, time
+    env = dict(os.environ, {env}=str(os.getpid()))
+    subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]], env=env)
+    time.sleep(600)
+""").format(env=SUPERVISOR_ENV)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return state != "Z"
+
+
+def test_an_orphaned_component_exits_after_the_grace_period(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, CHILD, str(pid_file)], env=subprocess_env())
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline and parent.poll() is None, "the child never started"
+            time.sleep(0.1)
+        child = int(pid_file.read_text())
+        time.sleep(1.5)
+        assert alive(child), "the guard must leave a supervised child alone while its supervisor lives"
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 20
+        while alive(child):
+            assert time.monotonic() < deadline, "the orphaned child is still running"
+            time.sleep(0.1)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def test_the_guard_ignores_processes_the_supervisor_did_not_start(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv(SUPERVISOR_ENV, str(os.getppid() + 1))  # not our parent: a grandchild
+    assert exit_when_orphaned() is None
+    monkeypatch.delenv(SUPERVISOR_ENV)
+    assert exit_when_orphaned() is None
