@@ -320,7 +320,9 @@ def _format_storage(java: str, libs: Path, data_dir: Path, props: Path, state: B
         match = re.search(r"cluster\.id=(\S+)", meta.read_text())
         if match:
             return match.group(1)
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    cluster_id = "-"
+    while cluster_id.startswith("-"):  # as Kafka's Uuid.randomUuid: the tool's parser takes "-x" for an option
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
     cmd = [java, "-Xmx256m", f"-Dlog4j2.configurationFile=file:{LOG4J}", f"-Dkafka.logs.dir={data_dir / 'logs'}",
            "-cp", f"{libs}/*", "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props),
            "--ignore-formatted"]
