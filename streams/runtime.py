@@ -30,7 +30,7 @@ from streams.api import Group
 from streams.emit import partition_for, read_back
 from streams.grouping import DONE, INTENT, Collector
 from streams.pipeline import Pipeline, StageError
-from streams.stats import fold, to_record
+from streams.stats import dropped_summary, fold, to_record
 
 log = logging.getLogger(__name__)
 EX_SOFTWARE = 70
@@ -228,9 +228,7 @@ class StreamsRuntime:
             c.inc("stage.group.dropped.timeout", n)
             c.inc("trajectories.dropped.timeout", n)
             if self.pipeline.task_stats:  # it reaches no trainer: the feeder counts it consumed
-                await self._send_summaries([{"gid": gid, "task": meta["task"], "env": meta["env"], "n": 0,
-                                             "reward_sum": 0.0, "successes": 0, "zero_variance": False,
-                                             "version": -1, "dropped": True}])
+                await self._send_summaries([dropped_summary(gid, meta["task"], meta["env"])])
             await self._finish(gid, meta)
             return
         group = self._group(gid, meta, complete=action == "complete")

@@ -43,6 +43,13 @@ def summarize(group: Group, success_threshold: float = 1.0) -> dict[str, Any]:
     }
 
 
+def dropped_summary(group_id: str, task_id: str, env: str) -> dict[str, Any]:
+    """The contribution of a group dropped before any of its trajectories could be summarized
+    (a group timeout): no samples, but one group that reaches no trainer."""
+    return {"gid": group_id, "task": task_id, "env": env, "n": 0, "reward_sum": 0.0, "successes": 0,
+            "zero_variance": False, "version": -1, "dropped": True}
+
+
 def fold(state: dict[str, Any] | None, summary: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     """Add a summary to a task's running state. Returns (new state, applied); a group already
     applied (by group_id, among the last RECENT_GROUPS) leaves the state unchanged."""
