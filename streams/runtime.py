@@ -149,21 +149,31 @@ class StreamsRuntime:
         return {tp.partition for tp in self.app.assignor.assigned_actives()
                 if tp.topic == self.topics.trajectories}
 
+    def source_topics(self) -> set[str]:
+        """The topics the agents consume with acknowledgements (their offsets are committed)."""
+        names = {self.topics.trajectories}
+        if self.topics.task_updates is not None:
+            names.add(self.topics.task_updates.get_topic_name())
+        return names
+
     async def watchdog(self) -> None:
         """Re-seek to the committed offsets when a partition has records the worker never finished.
 
         faust 0.15.3 can lose track of records fetched around a rebalance: it skips a range of
-        a partition and goes on after it (the commit then stops at the gap), or stops fetching a
-        partition at all; either way the skipped records are not processed until a restart
-        (seen after about half of the restarts in the crash tests). Once nothing has arrived
-        for two commit intervals, every partition should be committed up to its end; if one
-        is not, the flow is stopped, every partition goes back to its committed offset and the
-        flow resumes. What comes twice is dropped as a duplicate by the group stage."""
+        a partition and goes on after it, or stops fetching a partition at all (seen after
+        about half of the restarts in the crash tests). The consumer never commits past a record
+        that was not processed (streams/faust_glue.py, `_StrictConsumer`), so the commit stops
+        there. Once nothing has arrived for two commit intervals, every partition should be
+        committed up to its end; if one is not, the flow is stopped, every such partition goes
+        back to its committed offset (or to its earliest one, if retention deleted the records
+        in between) and the flow resumes. What comes twice is dropped as a duplicate by the
+        group stage."""
         idle_s = 2 * self.commit_every_s + 1.0
         if not self._ready_for_sweep() or time.monotonic() - self.last_event < idle_s:
             return
         consumer = self.app.consumer
-        tps = [tp for tp in self.app.assignor.assigned_actives() if tp.topic == self.topics.trajectories]
+        sources = self.source_topics()
+        tps = [tp for tp in self.app.assignor.assigned_actives() if tp.topic in sources]
         if not tps:
             return
         ends = await consumer.highwaters(*tps)
@@ -174,14 +184,18 @@ class StreamsRuntime:
             if end is not None and end > committed:
                 stuck.append((tp, committed, end))
         if stuck:
-            log.warning("idle for %.0f s with uncommitted records (partition, committed, end): %s; seeking "
-                        "back to the committed offsets", idle_s, [(tp.partition, c, e) for tp, c, e in stuck])
+            log.warning("idle for %.0f s with uncommitted records (topic, partition, committed, end): %s; "
+                        "seeking back to the committed offsets", idle_s,
+                        [(tp.topic, tp.partition, c, e) for tp, c, e in stuck])
             self.counters.inc("consumer.reseeks")
             starts = await consumer.earliest_offsets(*(tp for tp, *_ in stuck))
             consumer.stop_flow()
             try:
                 for tp, committed, _ in stuck:  # aiokafka's seek_to_committed skips uncommitted partitions
-                    await consumer.seek(tp, committed or starts.get(tp) or 0)
+                    target = max(committed, starts.get(tp) or 0)
+                    if target > committed:  # deleted by retention: nothing left to wait for below it
+                        consumer._committed_offset[tp] = target
+                    await consumer.seek(tp, target)
             finally:
                 consumer.resume_flow()
         self.last_event = time.monotonic()
@@ -326,6 +340,7 @@ class StreamsRuntime:
     # ---------------------------------------------------------------- task stats
 
     async def on_task_update(self, event: Any) -> None:
+        self.last_event = time.monotonic()
         summary = event.value
         task = summary["task"]
         state, applied = fold(self.stats_table.get(task), summary)
