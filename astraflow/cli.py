@@ -7,6 +7,7 @@ module, which must stay light to import (torch is imported inside the commands).
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import logging
 import os
@@ -211,6 +212,9 @@ _register_components()
 
 
 def main() -> None:
+    # A crash in native code (librdkafka, torch) prints every thread's Python stack to stderr,
+    # which a supervised component's log and `astraflow run`'s own output keep.
+    faulthandler.enable()
     logging.basicConfig(level=os.environ.get("ASTRAFLOW_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from astraflow.runner.supervisor import exit_when_orphaned

@@ -92,6 +92,11 @@ class Collector:
 
     def _run(self) -> None:
         consumer = self._consumer()
+        # One admin client and one probe consumer for the whole run, made and dropped in this
+        # thread: a client created and destroyed every few seconds is what confluent-kafka's
+        # garbage-collection crashes need (an AdminClient freed from librdkafka's own thread
+        # aborts it; confluent-kafka-python #2129), and it costs a connection each time.
+        probes = Probes(self.settings)
         topics = [self.settings.topic("metrics"), self.settings.topic("weights")]
         consumer.subscribe(topics)
         out: IO[str] | None = open(self.jsonl, "w") if self.jsonl else None  # noqa: SIM115
@@ -105,7 +110,7 @@ class Collector:
                     out.flush()
                 if time.monotonic() >= next_lag:
                     next_lag = time.monotonic() + 3.0
-                    self._refresh_lag()
+                    self._refresh_lag(probes)
             # drain what is already there before stopping
             for msg in consumer.consume(5000, 1.0):
                 if msg.error() is None:
@@ -114,6 +119,7 @@ class Collector:
             log.exception("metrics collector failed")
         finally:
             consumer.close()
+            probes.close()
             if out is not None:
                 out.close()
 
@@ -148,10 +154,11 @@ class Collector:
                 inst.time, inst.step, inst.region = record.time, record.step, record.region
             self._history[key].append((record.step, record.time, record.values))
 
-    def _refresh_lag(self) -> None:
+    def _refresh_lag(self, probes: Probes) -> None:
         try:
-            lag = consumer_lag(self.settings, {"tasks": self.worker_group, "trajectories": self.streams_group})
-            dead = topic_size(self.settings, "deadletter")
+            lag = consumer_lag(self.settings, {"tasks": self.worker_group, "trajectories": self.streams_group},
+                               probes)
+            dead = topic_size(self.settings, "deadletter", probes)
         except Exception as exc:  # noqa: BLE001 - lag is best effort while the cluster starts
             log.debug("lag refresh failed: %s", exc)
             return
@@ -177,57 +184,51 @@ class Collector:
             return {k: list(v) for k, v in self._history.items()}
 
 
-def _watermarks(consumer: Any, topic: str, timeout: float = 5.0) -> dict[int, int]:
+class Probes:
+    """An admin client and a consumer (never subscribed) for watermarks and group offsets."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        from confluent_kafka import Consumer
+
+        self.admin = make_admin(settings)
+        self.consumer = Consumer({**client_config(settings), "group.id": "astraflow-probe",
+                                  "enable.auto.commit": False})
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def _watermarks(consumer: Any, topic: str, timeout: float = 5.0) -> dict[int, tuple[int, int]]:
+    """{partition: (low, high)} of a topic; empty if it does not exist."""
     from confluent_kafka import TopicPartition
 
     md = consumer.list_topics(topic, timeout=timeout)
     if topic not in md.topics or md.topics[topic].error is not None:
         return {}
-    out = {}
-    for p in md.topics[topic].partitions:
-        _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
-        out[p] = high
-    return out
+    return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+            for p in md.topics[topic].partitions}
 
 
-def topic_size(settings: KafkaSettings, base: str) -> int:
+def topic_size(settings: KafkaSettings, base: str, probes: Probes) -> int:
     """Records in a topic (sum of high watermarks minus low; fine for un-compacted topics)."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({**client_config(settings), "group.id": "astraflow-size"})
-    try:
-        topic = settings.topic(base)
-        md = consumer.list_topics(topic, timeout=5)
-        if topic not in md.topics or md.topics[topic].error is not None:
-            return 0
-        total = 0
-        for p in md.topics[topic].partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)
-            total += max(0, high - low)
-        return total
-    finally:
-        consumer.close()
+    marks = _watermarks(probes.consumer, settings.topic(base))
+    return sum(max(0, high - low) for low, high in marks.values())
 
 
-def consumer_lag(settings: KafkaSettings, groups: dict[str, str | None]) -> dict[str, int]:
+def consumer_lag(settings: KafkaSettings, groups: dict[str, str | None], probes: Probes) -> dict[str, int]:
     """Unconsumed records per topic for the consumer group reading it: {topic base: lag}."""
-    from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
-    admin = make_admin(settings)
-    probe = Consumer({**client_config(settings), "group.id": "astraflow-lag"})
     lag: dict[str, int] = {}
-    try:
-        for base, group in groups.items():
-            if group is None:
-                continue
-            topic = settings.topic(base)
-            highs = _watermarks(probe, topic)
-            if not highs:
-                continue
-            request = ConsumerGroupTopicPartitions(settings.group(group), [TopicPartition(topic, p) for p in highs])
-            result = admin.list_consumer_group_offsets([request])
-            committed = {tp.partition: tp.offset for tp in next(iter(result.values())).result().topic_partitions}
-            lag[base] = sum(max(0, high - max(0, committed.get(p, 0))) for p, high in highs.items())
-    finally:
-        probe.close()
+    for base, group in groups.items():
+        if group is None:
+            continue
+        topic = settings.topic(base)
+        highs = {p: high for p, (_, high) in _watermarks(probes.consumer, topic).items()}
+        if not highs:
+            continue
+        request = ConsumerGroupTopicPartitions(settings.group(group), [TopicPartition(topic, p) for p in highs])
+        result = probes.admin.list_consumer_group_offsets([request])
+        committed = {tp.partition: tp.offset for tp in next(iter(result.values())).result().topic_partitions}
+        lag[base] = sum(max(0, high - max(0, committed.get(p, 0))) for p, high in highs.items())
     return lag

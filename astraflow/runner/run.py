@@ -99,6 +99,7 @@ class Run:
         self.events: list[str] = []
         self.stop_reason = "running"
         self.started_broker = False
+        self.admin: Any = None
         self._signals = 0
 
     def event(self, message: str) -> None:
@@ -139,7 +140,8 @@ class Run:
         collector: Collector | None = None
         try:
             specs = topics.expand(topics.load_spec(), self.recipe.policy_names, settings)
-            report = topics.apply(make_admin(settings), specs)
+            self.admin = make_admin(settings)  # held for the whole run, never freed while clients work
+            report = topics.apply(self.admin, specs)
             self.event(f"topics: {len(report.created)} created, {len(report.unchanged)} unchanged")
             env = {**os.environ, **self.opts.extra_env, "ASTRAFLOW_BOOTSTRAP": settings.require_bootstrap()}
             if settings.namespace:

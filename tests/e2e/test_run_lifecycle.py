@@ -68,7 +68,7 @@ def test_a_killed_supervisor_takes_its_components_and_broker_with_it(tmp_path: P
     run_dir = tmp_path / "run"
     proc = start_run(recipe, run_dir, subprocess_env())
     wait_for(lambda: trainer_steps(run_dir, "solver") >= 1 or proc.poll() is not None, 600, "a trainer step")
-    assert proc.poll() is None
+    assert proc.poll() is None, f"astraflow run exited with {proc.returncode}:\n{finish(proc, 60)[-6000:]}"
     assert len(processes_of(run_dir)) >= 5  # broker, trainer, streams, worker, feeder
     proc.kill()  # SIGKILL: no chance to clean up; PR_SET_PDEATHSIG must do it
     proc.communicate(timeout=60)

@@ -1,0 +1,75 @@
+"""What the dashboard and `astraflow status` read from Kafka: consumer lag per stage, dead
+letters, the latest metrics and weight versions, against the real broker."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
+
+from astraflow.config import KafkaSettings
+from astraflow.kafka import client_config, make_admin
+from astraflow.records import Metric, WeightVersion, encode
+from astraflow.runner.collector import Collector
+from tests.conftest import REPO, subprocess_env
+
+pytestmark = [pytest.mark.broker]
+
+
+def commit(kafka: KafkaSettings, group: str, topic: str, offsets: dict[int, int]) -> None:
+    request = ConsumerGroupTopicPartitions(kafka.group(group), [TopicPartition(kafka.topic(topic), p, o)
+                                                                for p, o in offsets.items()])
+    admin = make_admin(kafka)  # held until the futures are done: a freed client never answers
+    for future in admin.alter_consumer_group_offsets([request]).values():
+        future.result(30)
+
+
+def test_collector_reports_lag_dead_letters_metrics_and_weights(kafka: KafkaSettings, topics) -> None:  # type: ignore[no-untyped-def]
+    topics(["solver"])
+    producer = Producer(client_config(kafka))
+    for partition, n in ((0, 8), (1, 3)):  # the workers will have committed 4 and 1 of them
+        for _ in range(n):
+            producer.produce(kafka.topic("tasks"), b"task", partition=partition)
+    for _ in range(3):
+        producer.produce(kafka.topic("deadletter"), b"dead")
+    producer.produce(kafka.topic("metrics"), encode(Metric(component="trainer", id="trainer.solver", step=7,
+                                                           values={"step": 7.0, "reward.mean": 0.25})))
+    producer.produce(kafka.topic("weights"), key=b"solver", value=encode(WeightVersion(policy="solver", version=3, step=7, snapshot_version=3,
+                                                                snapshot_uri="file:///store/solver/3")))
+    assert producer.flush(30) == 0
+    commit(kafka, "workers", "tasks", {0: 4, 1: 1})
+
+    collector = Collector(kafka, worker_group="workers").start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            snap = collector.snapshot()
+            if snap.lag.get("tasks") is not None and snap.deadletters and snap.metrics_seen and snap.weights:
+                break
+            time.sleep(0.5)
+    finally:
+        collector.stop()
+    assert snap.lag == {"tasks": (8 - 4) + (3 - 1)}
+    assert snap.deadletters == 3
+    trainer = snap.of("trainer")[0]
+    assert (trainer.id, trainer.step, trainer.values["reward.mean"]) == ("trainer.solver", 7, 0.25)
+    assert snap.weights["solver"].version == 3
+
+
+def test_status_command_prints_the_dashboard_of_a_running_system(kafka: KafkaSettings, topics) -> None:  # type: ignore[no-untyped-def]
+    topics(["solver"])
+    cmd = [sys.executable, "-m", "astraflow.cli", "status", "--bootstrap", kafka.bootstrap, "--wait", "3"]
+    env = subprocess_env(ASTRAFLOW_NAMESPACE=kafka.namespace or "", COLUMNS="200")
+    # nothing running: a clear error, not an empty table
+    out = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "no metrics in the last" in out.stdout + out.stderr, out
+    producer = Producer(client_config(kafka))
+    producer.produce(kafka.topic("metrics"), encode(Metric(component="trainer", id="trainer.solver", step=12,
+                                                           values={"step": 12.0, "reward.mean": 0.5})))
+    assert producer.flush(30) == 0
+    out = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out
+    assert "solver" in out.stdout and "0.500" in out.stdout, out.stdout
