@@ -243,7 +243,9 @@ class DeadLetters:
         self.count = 0
 
     def publish(self, source_topic: str, partition: int, offset: int, key: bytes | None, raw: bytes,
-                error: str) -> None:
+                error: str, on_delivery: Callable[[Exception | None], None] | None = None) -> None:
+        """Produce the dead letter; `on_delivery` hears the broker's answer (commit the source
+        offset only after it acknowledged)."""
         from astraflow.records.fields import MAX_BYTES
 
         limit = self.publisher.settings.message_max_bytes * 2 - (1 << 16)
@@ -251,21 +253,24 @@ class DeadLetters:
         dead = DeadLetter(source_topic=source_topic, partition=partition, offset=offset, key=key,
                           raw=raw[: min(limit, MAX_BYTES)] if truncated else raw, error=error[:8192],
                           component=self.component, truncated=truncated)
-        self.publisher.send(self.TOPIC, dead, key=key)
+        self.publisher.send(self.TOPIC, dead, key=key, on_delivery=on_delivery)
         self.count += 1
         log.warning("dead-lettered %s[%d]@%d: %s", source_topic, partition, offset, error)
 
-    def publish_message(self, msg: Any, error: str) -> None:
-        self.publish(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value() or b"", error)
+    def publish_message(self, msg: Any, error: str,
+                        on_delivery: Callable[[Exception | None], None] | None = None) -> None:
+        self.publish(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value() or b"", error,
+                     on_delivery)
 
 
 def decode_or_deadletter(msg: Any, cls: type[R], dead: DeadLetters,
-                         known_policies: frozenset[str] | None = None) -> R | None:
+                         known_policies: frozenset[str] | None = None,
+                         on_delivery: Callable[[Exception | None], None] | None = None) -> R | None:
     """Decode a consumed message as `cls`; a bad one goes to `deadletter` and None is returned."""
     try:
         return decode(msg.value() or b"", cls, known_policies)
     except RecordError as exc:
-        dead.publish_message(msg, str(exc))
+        dead.publish_message(msg, str(exc), on_delivery)
         return None
 
 

@@ -308,6 +308,7 @@ class Trainer:
         return dataclasses.replace(event, groups_consumed=self.buffer.counts["groups.trained"])
 
     def _checkpoint(self) -> None:
+        self.publisher.flush()  # the dead letters of offsets this checkpoint records are acknowledged
         state: dict[str, Any] = {"policy": self.policy, "version": self.version, "batches": self.batches, "time": time.time(),
                  "host": socket.gethostname(), "topic": self.topic, "buffer": self.buffer.state()}
         ckpt.save_checkpoint(self.home / "checkpoints", self.step, self.engine.model, self.tokenizer,

@@ -24,6 +24,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -150,16 +151,16 @@ class Worker:
             return
         p, off = msg.partition(), msg.offset()
         self.tracker.start(p, off)
-        task = decode_or_deadletter(msg, Task, self.dead, self.policies)
+        settled = self._dead_letter_settled(p, off)
+        task = decode_or_deadletter(msg, Task, self.dead, self.policies, on_delivery=settled)
         if task is not None:
             try:
                 _, wf = self.runtime.resolve(task)
             except (ConfigError, ValueError) as exc:
-                self.dead.publish_message(msg, f"task {task.task_id}: {exc}")
+                self.dead.publish_message(msg, f"task {task.task_id}: {exc}", on_delivery=settled)
                 task = None
         if task is None:
             self.counts["deadletters"] += 1
-            self._finished(p, off)
             return
         self.pending_episodes += task.group_size
         self.tasks[(p, off)] = asyncio.create_task(self._run_task(task, p, off))
@@ -184,6 +185,20 @@ class Worker:
         with contextlib.suppress(Exception):
             consumer.commit(asynchronous=False)
         log.info("worker %s revoked %s (released %d tasks)", self.worker_id, sorted(revoked), released)
+
+    def _dead_letter_settled(self, partition: int, offset: int) -> Callable[[Exception | None], None]:
+        """Delivery callback of a bad task's dead letter: its offset is done once the broker has
+        the dead letter; if the broker refused it, the task stays uncommitted and the worker stops."""
+        def settled(exc: Exception | None) -> None:
+            def settle() -> None:
+                if exc is None:
+                    self._finished(partition, offset)
+                else:
+                    log.error("dead letter of %s[%d]@%d not acknowledged (%s): it stays uncommitted",
+                              self.topic, partition, offset, exc)
+                    self.stop()
+            self.loop.call_soon_threadsafe(settle)
+        return settled
 
     def _finished(self, partition: int, offset: int) -> None:
         from confluent_kafka import TopicPartition
@@ -259,18 +274,22 @@ class Worker:
         log.info("worker %s stopping: %d tasks in flight", self.worker_id, len(self.tasks))
         with contextlib.suppress(Exception):
             self.consumer.pause(self.consumer.assignment())
-        if self.tasks:
-            _, late = await asyncio.wait(list(self.tasks.values()), timeout=self.cfg.drain_timeout_s)
+        late: set[asyncio.Task[None]] = set(self.tasks.values())
+        deadline = time.monotonic() + self.cfg.drain_timeout_s
+        while late and time.monotonic() < deadline:
+            _, late = await asyncio.wait(late, timeout=0.05)
+            self.publisher.poll(0)  # the delivery callbacks the tasks wait for are served here
+        if late:
             for t in late:
                 t.cancel()
-            if late:
-                self.counts["tasks_released"] += len(late)
-                await asyncio.gather(*late, return_exceptions=True)
+            self.counts["tasks_released"] += len(late)
+            await asyncio.gather(*late, return_exceptions=True)
         self.follower.close()
         try:
             self._report(force=True)
             self.publisher.flush(60)
             side.flush(10)
+            await asyncio.sleep(0)  # run the offset bookkeeping the flush's callbacks scheduled
         finally:
             with contextlib.suppress(Exception):
                 self.consumer.commit(asynchronous=False)

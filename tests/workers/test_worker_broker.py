@@ -71,7 +71,9 @@ def test_worker_end_to_end(kafka: KafkaSettings, topics: Any, tmp_path: Path) ->
         pub.send("weights", bad, key="policy")
         pub.flush()
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and worker.follower.refused == 0:
+        # the refusal, and both bad tasks consumed: the worker pauses while it has no room for
+        # episodes, so they may come after every trajectory is out
+        while time.monotonic() < deadline and (worker.follower.refused == 0 or worker.counts["deadletters"] < 2):
             time.sleep(0.1)
         worker.loop.call_soon_threadsafe(worker.stop)
 
@@ -108,3 +110,35 @@ def test_worker_end_to_end(kafka: KafkaSettings, topics: Any, tmp_path: Path) ->
     assert last["worker.weights_refused"] == 1 and last["worker.weight_version.policy"] == 1
     assert last["worker.tokens"] == sum(int((t.owner == 0).sum()) for t in trajs)
     assert any(isinstance(r, WeightVersion) for r in read_topic(kafka, "weights"))
+
+
+def test_stop_drains_in_flight_tasks_to_completion(kafka: KafkaSettings, topics: Any, tmp_path: Path) -> None:
+    """A stopped worker finishes the tasks it holds (within drain_timeout_s), waits for their
+    trajectories' acknowledgements, commits them, and consumes nothing more."""
+    from workers.feeder import Feeder
+    from workers.worker import Worker
+
+    topics(["policy"])
+    recipe = make_recipe(kafka=kafka.model_dump(), feeder={"env": "arithmetic", "group_size": 2, "admission": False,
+                                                           "max_tasks": 8},
+                         worker={"max_episodes": 4, "metrics_every_s": 0.5, "drain_timeout_s": 60})
+    run_dir = tmp_path / "run"
+    assert Feeder(recipe, run_dir, kafka).run() == 8
+    worker = Worker(recipe, run_dir, kafka, worker_id="w-drain", region="test")
+    held: set[tuple[int, int]] = set()
+
+    async def main() -> None:
+        task = asyncio.create_task(worker.run())
+        while not getattr(worker, "tasks", None):
+            await asyncio.sleep(0.01)
+        held.update(worker.tasks)  # stop while these are running
+        worker.stop()
+        await task
+
+    asyncio.run(main())
+    assert held and worker.counts["tasks_released"] == 0, worker.counts
+    done = worker.counts["tasks_done"]
+    assert done >= len(held) and done < 8, worker.counts  # it stopped early, with nothing left half done
+    trajs = read_topic(kafka, "trajectories", until=lambda r: len(r) >= 2 * done, timeout=30)
+    assert len({t.task_id for t in trajs}) == done and len(trajs) == 2 * done
+    assert sum(o for o in committed(kafka, "workers", "tasks").values() if o > 0) == done
