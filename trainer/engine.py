@@ -13,6 +13,7 @@ so that nothing but the step number needs checkpointing.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -111,9 +112,15 @@ class Engine:
         self.settings = loss_settings(cfg)
 
     def lr_at(self, step: int) -> float:
-        """Learning rate of 1-based step `step`."""
-        warm = self.cfg.warmup_steps
-        return self.cfg.lr * min(1.0, step / warm) if warm else self.cfg.lr
+        """Learning rate of 1-based step `step`: linear warm-up, then the configured decay."""
+        cfg, warm = self.cfg, self.cfg.warmup_steps
+        if warm and step < warm:
+            return cfg.lr * step / warm
+        if cfg.lr_decay == "none" or cfg.decay_steps is None:
+            return cfg.lr
+        t = min(1.0, (step - warm) / (cfg.decay_steps - warm))
+        left = 1.0 - t if cfg.lr_decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * t))
+        return cfg.lr * (cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * left)
 
     def _autocast(self) -> contextlib.AbstractContextManager[object]:
         if self.cfg.autocast == "bfloat16":

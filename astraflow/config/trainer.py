@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from astraflow.config.base import StrictModel
 
@@ -49,6 +49,12 @@ class TrainerConfig(StrictModel):
     """AdamW decoupled weight decay."""
     warmup_steps: int = Field(default=0, ge=0)
     """Linear learning-rate warm-up from lr/warmup_steps to lr over this many steps."""
+    lr_decay: Literal["none", "linear", "cosine"] = "none"
+    """After warm-up, decay the learning rate to lr * min_lr_ratio at step `decay_steps`."""
+    decay_steps: int | None = Field(default=None, ge=1)
+    """Step at which the decay ends (required with lr_decay; later steps keep the final rate)."""
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
+    """Final learning rate of the decay, as a fraction of lr."""
     max_grad_norm: float | None = Field(default=1.0, gt=0)
     """Clip the global gradient norm to this (None: no clipping; the norm is reported anyway)."""
     batch_groups: int = Field(default=8, ge=1)
@@ -101,6 +107,14 @@ class TrainerConfig(StrictModel):
     """Publish step metrics at most this often (0: every step)."""
     success_threshold: float = 1.0
     """A sample counts as a success (metric `reward.success`) when its reward is at least this."""
+
+    @model_validator(mode="after")
+    def _decay_needs_steps(self) -> TrainerConfig:
+        if self.lr_decay != "none" and self.decay_steps is None:
+            raise ValueError(f"decay_steps is required with lr_decay: {self.lr_decay}")
+        if self.decay_steps is not None and self.decay_steps <= self.warmup_steps:
+            raise ValueError(f"decay_steps ({self.decay_steps}) must be after warmup_steps ({self.warmup_steps})")
+        return self
 
     def store_versions(self, max_staleness: int) -> int:
         return self.keep_versions or max_staleness + 2

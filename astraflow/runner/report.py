@@ -67,8 +67,10 @@ def learning(series: list[dict[str, float]], key: str = "reward.mean") -> dict[s
         return {"steps": float(len(values))}
     tenth = max(1, len(values) // 10)
     first, last = values[:tenth], values[-tenth:]
+    windows = [sum(values[i:i + tenth]) / tenth for i in range(len(values) - tenth + 1)]
     return {
         "steps": float(len(values)), "first_tenth": sum(first) / len(first), "last_tenth": sum(last) / len(last),
+        "best_tenth": max(windows),  # the best run of a tenth of the steps: what the run reached
         "improvement": sum(last) / len(last) - sum(first) / len(first),
         "p_value": permutation_p_value(first, last),
     }
@@ -178,7 +180,8 @@ def summary_text(summary: dict[str, Any]) -> str:
             lines.append(f"  reward  first tenth {r['first_tenth']:.3f} -> last tenth {r['last_tenth']:.3f} "
                          f"(one-sided permutation p = {r['p_value']:.4f})")
         if "first_tenth" in s:
-            lines.append(f"  success first tenth {s['first_tenth']:.1%} -> last tenth {s['last_tenth']:.1%}")
+            lines.append(f"  success first tenth {s['first_tenth']:.1%} -> last tenth {s['last_tenth']:.1%} "
+                         f"(best tenth {s['best_tenth']:.1%})")
     lines.append(f"workers: {len(summary['workers'])}; dead letters: {summary.get('deadletters', 0)}; "
                  f"restarts: {summary.get('restarts', {})}")
     return "\n".join(lines)

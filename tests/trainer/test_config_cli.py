@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,33 @@ def test_warmup_schedule() -> None:
     engine = Engine(torch.nn.Linear(2, 2), cfg, torch.device("cpu"))
     assert [engine.lr_at(s) for s in (1, 2, 4, 9)] == pytest.approx([2.5e-4, 5e-4, 1e-3, 1e-3])
     assert TrainerConfig().store_versions(max_staleness=3) == 5
+
+
+def test_lr_decay_schedules() -> None:
+    import torch
+
+    def rates(**kw: object) -> list[float]:
+        engine = Engine(torch.nn.Linear(2, 2), TrainerConfig(lr=1e-3, **kw), torch.device("cpu"))
+        return [engine.lr_at(s) for s in (1, 2, 4, 8, 12, 20)]
+
+    # warm-up to step 4, then down to 10% at step 12, and flat after
+    assert rates(warmup_steps=4, lr_decay="linear", decay_steps=12, min_lr_ratio=0.1) == pytest.approx(
+        [2.5e-4, 5e-4, 1e-3, 5.5e-4, 1e-4, 1e-4])
+    assert rates(lr_decay="cosine", decay_steps=8) == pytest.approx(
+        [1e-3 * 0.5 * (1 + math.cos(math.pi * s / 8)) for s in (1, 2, 4)] + [0.0, 0.0, 0.0])
+    assert rates() == pytest.approx([1e-3] * 6)
+
+
+@pytest.mark.parametrize(("section", "words"), [
+    ({"lr_decay": "cosine"}, "decay_steps is required"),
+    ({"lr_decay": "linear", "decay_steps": 5, "warmup_steps": 5}, "must be after warmup_steps"),
+    ({"lr_decay": "exponential", "decay_steps": 5}, "trainer.lr_decay"),
+])
+def test_bad_lr_decay_is_refused(tmp_path: Path, section: dict, words: str) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({"name": "r", "trainer": section}))
+    with pytest.raises(ConfigError, match=words):
+        load_recipe(path)
 
 
 def test_cli_names_an_unknown_policy(tmp_path: Path) -> None:
