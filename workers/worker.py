@@ -186,19 +186,21 @@ class Worker:
             consumer.commit(asynchronous=False)
         log.info("worker %s revoked %s (released %d tasks)", self.worker_id, sorted(revoked), released)
 
+    def _on_loop(self, fn: Callable[[Exception | None], None]) -> Callable[[Exception | None], None]:
+        """A producer delivery callback that runs `fn(error or None)` on the worker's loop."""
+        return lambda exc: self.loop.call_soon_threadsafe(fn, exc)
+
     def _dead_letter_settled(self, partition: int, offset: int) -> Callable[[Exception | None], None]:
         """Delivery callback of a bad task's dead letter: its offset is done once the broker has
         the dead letter; if the broker refused it, the task stays uncommitted and the worker stops."""
-        def settled(exc: Exception | None) -> None:
-            def settle() -> None:
-                if exc is None:
-                    self._finished(partition, offset)
-                else:
-                    log.error("dead letter of %s[%d]@%d not acknowledged (%s): it stays uncommitted",
-                              self.topic, partition, offset, exc)
-                    self.stop()
-            self.loop.call_soon_threadsafe(settle)
-        return settled
+        def settle(exc: Exception | None) -> None:
+            if exc is None:
+                self._finished(partition, offset)
+            else:
+                log.error("dead letter of %s[%d]@%d not acknowledged (%s): it stays uncommitted",
+                          self.topic, partition, offset, exc)
+                self.stop()
+        return self._on_loop(settle)
 
     def _finished(self, partition: int, offset: int) -> None:
         from confluent_kafka import TopicPartition
@@ -235,19 +237,17 @@ class Worker:
     def _publish(self, traj: Trajectory) -> asyncio.Future[None]:
         fut: asyncio.Future[None] = self.loop.create_future()
 
-        def acked(exc: Exception | None) -> None:
-            def settle() -> None:
-                if fut.done():
-                    return
-                if exc is None:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(exc)
-            self.loop.call_soon_threadsafe(settle)
+        def settle(exc: Exception | None) -> None:
+            if fut.done():
+                return
+            if exc is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(exc)
 
         if traj.finish_reason == "error":
             self.counts["episode_errors"] += 1
-        self.publisher.send("trajectories", traj, key=traj.group_id, on_delivery=acked)
+        self.publisher.send("trajectories", traj, key=traj.group_id, on_delivery=self._on_loop(settle))
         self.counts["trajectories"] += 1
         return fut
 

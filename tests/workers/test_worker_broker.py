@@ -29,17 +29,25 @@ def init_state(recipe: Any, run_dir: Path) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in load_model(path).state_dict().items()}
 
 
-def test_worker_end_to_end(kafka: KafkaSettings, topics: Any, tmp_path: Path) -> None:
-    from astraflow.weights import WeightStore
+def fed(kafka: KafkaSettings, topics: Any, tmp_path: Path, group_size: int, tasks: int,
+        drain_timeout_s: float) -> tuple[Any, Path]:
+    """A worker recipe over arithmetic tasks, and `tasks` of them already on the topic."""
     from workers.feeder import Feeder
-    from workers.worker import Worker
 
     topics(["policy"])
-    recipe = make_recipe(kafka=kafka.model_dump(), feeder={"env": "arithmetic", "group_size": 3, "admission": False,
-                                                           "max_tasks": 6},
-                         worker={"max_episodes": 4, "metrics_every_s": 0.5, "drain_timeout_s": 10})
+    recipe = make_recipe(kafka=kafka.model_dump(), feeder={"env": "arithmetic", "group_size": group_size,
+                                                           "admission": False, "max_tasks": tasks},
+                         worker={"max_episodes": 4, "metrics_every_s": 0.5, "drain_timeout_s": drain_timeout_s})
     run_dir = tmp_path / "run"
-    assert Feeder(recipe, run_dir, kafka).run() == 6
+    assert Feeder(recipe, run_dir, kafka).run() == tasks
+    return recipe, run_dir
+
+
+def test_worker_end_to_end(kafka: KafkaSettings, topics: Any, tmp_path: Path) -> None:
+    from astraflow.weights import WeightStore
+    from workers.worker import Worker
+
+    recipe, run_dir = fed(kafka, topics, tmp_path, group_size=3, tasks=6, drain_timeout_s=10)
     pub = Publisher(kafka)
     pub.send_raw("tasks", b"\x93not a record", key=b"junk")
     pub.send("tasks", Task(task_id="odd", env="no_such_env", roles={"agent": "policy"}), key="odd")
@@ -115,15 +123,9 @@ def test_worker_end_to_end(kafka: KafkaSettings, topics: Any, tmp_path: Path) ->
 def test_stop_drains_in_flight_tasks_to_completion(kafka: KafkaSettings, topics: Any, tmp_path: Path) -> None:
     """A stopped worker finishes the tasks it holds (within drain_timeout_s), waits for their
     trajectories' acknowledgements, commits them, and consumes nothing more."""
-    from workers.feeder import Feeder
     from workers.worker import Worker
 
-    topics(["policy"])
-    recipe = make_recipe(kafka=kafka.model_dump(), feeder={"env": "arithmetic", "group_size": 2, "admission": False,
-                                                           "max_tasks": 8},
-                         worker={"max_episodes": 4, "metrics_every_s": 0.5, "drain_timeout_s": 60})
-    run_dir = tmp_path / "run"
-    assert Feeder(recipe, run_dir, kafka).run() == 8
+    recipe, run_dir = fed(kafka, topics, tmp_path, group_size=2, tasks=8, drain_timeout_s=60)
     worker = Worker(recipe, run_dir, kafka, worker_id="w-drain", region="test")
     held: set[tuple[int, int]] = set()
 
