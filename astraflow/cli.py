@@ -212,8 +212,10 @@ _register_components()
 
 
 def main() -> None:
-    # A crash in native code (librdkafka, torch) prints every thread's Python stack to stderr,
-    # which a supervised component's log and `astraflow run`'s own output keep.
+    # A crash in native code called from Python (torch, a C extension) prints every thread's
+    # Python stack to stderr, which a supervised component's log and `astraflow run`'s output
+    # keep. A crash in one of librdkafka's own threads ends the process without it (seen with
+    # librdkafka #5040); the kernel log (`dmesg`) names the thread and library then.
     faulthandler.enable()
     logging.basicConfig(level=os.environ.get("ASTRAFLOW_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from astraflow.config import KafkaSettings
-from astraflow.kafka import client_config, make_admin
+from astraflow.kafka import client_config
 from astraflow.records import Metric, RecordError, WeightVersion, decode
 
 log = logging.getLogger(__name__)
@@ -92,10 +92,9 @@ class Collector:
 
     def _run(self) -> None:
         consumer = self._consumer()
-        # One admin client and one probe consumer for the whole run, made and dropped in this
-        # thread: a client created and destroyed every few seconds is what confluent-kafka's
-        # garbage-collection crashes need (an AdminClient freed from librdkafka's own thread
-        # aborts it; confluent-kafka-python #2129), and it costs a connection each time.
+        # The probe consumers live for the whole run, made and dropped in this thread: a client
+        # created and destroyed every few seconds is what confluent-kafka's garbage-collection
+        # crashes need (confluent-kafka-python #2129), and it costs a connection each time.
         probes = Probes(self.settings)
         topics = [self.settings.topic("metrics"), self.settings.topic("weights")]
         consumer.subscribe(topics)
@@ -185,17 +184,33 @@ class Collector:
 
 
 class Probes:
-    """An admin client and a consumer (never subscribed) for watermarks and group offsets."""
+    """Consumers that are never subscribed: one for watermarks, one per consumer group for its
+    committed offsets (`Consumer.committed`, an OffsetFetch through the group's own coordinator
+    lookup). Not `AdminClient.list_consumer_group_offsets`: on a NOT_COORDINATOR answer, which a
+    new broker gives while it creates `__consumer_offsets`, librdkafka (2.16 included) dereferences
+    a NULL consumer group in its main thread and the whole process dies with SIGSEGV (librdkafka
+    #5040). `astraflow run` probed lag within a second of starting its broker and died that way
+    in CI; on fresh brokers here the admin call crashed 1 run in 3, `committed()` never did."""
 
     def __init__(self, settings: KafkaSettings) -> None:
+        self.settings = settings
+        self.consumer = self._make("astraflow-probe")
+        self._groups: dict[str, Any] = {}
+
+    def _make(self, group: str) -> Any:
         from confluent_kafka import Consumer
 
-        self.admin = make_admin(settings)
-        self.consumer = Consumer({**client_config(settings), "group.id": "astraflow-probe",
-                                  "enable.auto.commit": False})
+        return Consumer({**client_config(self.settings), "group.id": group, "enable.auto.commit": False})
+
+    def committed(self, group: str, partitions: list[Any], timeout: float = 5.0) -> list[Any]:
+        if group not in self._groups:
+            self._groups[group] = self._make(group)
+        return self._groups[group].committed(partitions, timeout=timeout)
 
     def close(self) -> None:
-        self.consumer.close()
+        for consumer in (self.consumer, *self._groups.values()):
+            consumer.close()
+        self._groups.clear()
 
 
 def _watermarks(consumer: Any, topic: str, timeout: float = 5.0) -> dict[int, tuple[int, int]]:
@@ -217,7 +232,7 @@ def topic_size(settings: KafkaSettings, base: str, probes: Probes) -> int:
 
 def consumer_lag(settings: KafkaSettings, groups: dict[str, str | None], probes: Probes) -> dict[str, int]:
     """Unconsumed records per topic for the consumer group reading it: {topic base: lag}."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka import TopicPartition
 
     lag: dict[str, int] = {}
     for base, group in groups.items():
@@ -227,8 +242,7 @@ def consumer_lag(settings: KafkaSettings, groups: dict[str, str | None], probes:
         highs = {p: high for p, (_, high) in _watermarks(probes.consumer, topic).items()}
         if not highs:
             continue
-        request = ConsumerGroupTopicPartitions(settings.group(group), [TopicPartition(topic, p) for p in highs])
-        result = probes.admin.list_consumer_group_offsets([request])
-        committed = {tp.partition: tp.offset for tp in next(iter(result.values())).result().topic_partitions}
+        found = probes.committed(settings.group(group), [TopicPartition(topic, p) for p in highs])
+        committed = {tp.partition: tp.offset for tp in found}  # OFFSET_INVALID (< 0) where none yet
         lag[base] = sum(max(0, high - max(0, committed.get(p, 0))) for p, high in highs.items())
     return lag

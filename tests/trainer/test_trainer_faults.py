@@ -129,6 +129,11 @@ def test_lockstep_policies_never_run_more_than_one_version_apart(kafka: KafkaSet
         b = start(rfile, run_dir, "b")
         for name, proc in (("a", a), ("b", b)):
             wait_for(lambda n=name: len(ledger(run_dir, n)) >= 4, proc, f"{name}'s four steps")
+        # a step's ledger line is written before its version is published: wait for both version 4s
+        for name, proc in (("a", a), ("b", b)):
+            wait_for(lambda n=name: any(e.policy == n and e.version == 4
+                                        for e in read_topic(kafka, "weights", WeightVersion)),
+                     proc, f"{name}'s version 4")
         events = read_topic(kafka, "weights", WeightVersion)
         latest = {e.policy: e for e in events}
         assert latest["b"].snapshot_uri.startswith("http://127.0.0.1:")  # served by b's trainer
