@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -122,6 +122,13 @@ class Engine:
         left = 1.0 - t if cfg.lr_decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * t))
         return cfg.lr * (cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * left)
 
+    def entropy_coef_at(self, step: int) -> float:
+        """Entropy-bonus weight of 1-based step `step` (linear decay, 0 after entropy_decay_steps steps)."""
+        loss = self.cfg.loss
+        if loss.entropy_decay_steps is None:
+            return loss.entropy_coef
+        return loss.entropy_coef * max(0.0, 1.0 - (step - 1) / loss.entropy_decay_steps)
+
     def _autocast(self) -> contextlib.AbstractContextManager[object]:
         if self.cfg.autocast == "bfloat16":
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
@@ -136,6 +143,7 @@ class Engine:
         lr = self.lr_at(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        self.settings = replace(self.settings, entropy_coef=self.entropy_coef_at(step))
         if not len(rows):  # a rank without rows still joins the gradient all-reduce, with zeros
             rows = Rows(torch.full((1, 2), self.pad_id), torch.tensor([2]), *(torch.zeros(1, 1) for _ in range(3)))
         parts = micro_batches(rows, self.cfg.micro_batch_tokens)
@@ -160,7 +168,8 @@ class Engine:
         out = {"loss": total["loss"], "loss.pg": total["loss.pg"], "clip_fraction": total["clipped"] / tokens,
                "entropy": total["entropy"] / tokens, "mismatch.abs": total["mismatch.abs"] / tokens,
                "mismatch.kl": total["mismatch.kl"] / tokens, "is_weight.mean": total["is_weight"] / tokens,
-               "grad_norm": float(norm), "lr": lr, "loss_tokens": total["tokens"], "step_s": elapsed}
+               "grad_norm": float(norm), "lr": lr, "entropy_coef": self.settings.entropy_coef,
+               "loss_tokens": total["tokens"], "step_s": elapsed}
         if self.ref_model is not None:
             out["kl_ref"] = total["kl_ref"] / tokens
             out["loss.kl"] = total["loss.kl"]

@@ -32,6 +32,9 @@ class LossConfig(StrictModel):
     """Weight of the k3 KL to the frozen reference (the version-0 weights); 0 = no reference model."""
     entropy_coef: float = Field(default=0.0, ge=0)
     """Weight of an entropy bonus (entropy is always reported)."""
+    entropy_decay_steps: int | None = Field(default=None, ge=1)
+    """Decay the entropy bonus linearly from entropy_coef at step 1 to 0 after this many steps:
+    exploration early, no push away from a converged policy late."""
     temperature: float = Field(default=1.0, gt=0)
     """Sampling temperature of the workers: logits are divided by it, as the sampler did."""
 

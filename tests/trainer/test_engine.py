@@ -84,3 +84,27 @@ def test_bfloat16_autocast_keeps_float32_master_weights() -> None:
     stats = engine.step(rows, 1, float(rows.mask.sum()), float(len(rows)))
     assert torch.isfinite(torch.tensor(stats["loss"]))
     assert all(p.dtype == torch.float32 for p in engine.model.parameters())
+
+
+def test_entropy_bonus_decays_to_nothing_at_entropy_decay_steps() -> None:
+    rows = rows_of(1)
+    model = tiny_model()
+    loss = LossConfig(entropy_coef=0.5, entropy_decay_steps=4)
+    engine = Engine(copy.deepcopy(model), TrainerConfig(loss=loss, max_grad_norm=None), CPU)
+    assert [engine.entropy_coef_at(s) for s in (1, 2, 3, 5, 50)] == pytest.approx([0.5, 0.375, 0.25, 0.0, 0.0])
+
+    def grads_at(cfg: TrainerConfig, step: int) -> tuple[dict[str, torch.Tensor], dict]:  # type: ignore[type-arg]
+        engine = Engine(copy.deepcopy(model), cfg, CPU)
+        stats = engine.step(rows, step, float(rows.mask.sum()), float((rows.mask.sum(-1) > 0).sum()))
+        return {k: p.grad.clone() for k, p in engine.model.named_parameters()}, stats
+
+    decaying = TrainerConfig(loss=loss, max_grad_norm=None)
+    # step 3: the gradient of a constant bonus of 0.25; step 5: of no bonus at all
+    for step, same_as in ((3, 0.25), (5, 0.0)):
+        got, stats = grads_at(decaying, step)
+        want, _ = grads_at(TrainerConfig(loss=LossConfig(entropy_coef=same_as), max_grad_norm=None), step)
+        assert stats["entropy_coef"] == pytest.approx(same_as)
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-8)
+    first, _ = grads_at(decaying, 1)
+    assert any(not torch.allclose(first[k], got[k]) for k in got)  # the bonus did change the gradient
