@@ -143,7 +143,7 @@ class Engine:
         lr = self.lr_at(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        self.settings = replace(self.settings, entropy_coef=self.entropy_coef_at(step))
+        settings = replace(self.settings, entropy_coef=self.entropy_coef_at(step))
         if not len(rows):  # a rank without rows still joins the gradient all-reduce, with zeros
             rows = Rows(torch.full((1, 2), self.pad_id), torch.tensor([2]), *(torch.zeros(1, 1) for _ in range(3)))
         parts = micro_batches(rows, self.cfg.micro_batch_tokens)
@@ -154,7 +154,7 @@ class Engine:
             if self.distributed and not sync:  # accumulate locally; all-reduce on the last micro-batch
                 no_sync = self.wrapped.no_sync()  # type: ignore[operator]
             with no_sync:
-                for k, v in self._micro_step(mb, num_tokens, num_seqs).items():
+                for k, v in self._micro_step(mb, settings, num_tokens, num_seqs).items():
                     sums[k] += v
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm or float("inf"))
@@ -168,21 +168,21 @@ class Engine:
         out = {"loss": total["loss"], "loss.pg": total["loss.pg"], "clip_fraction": total["clipped"] / tokens,
                "entropy": total["entropy"] / tokens, "mismatch.abs": total["mismatch.abs"] / tokens,
                "mismatch.kl": total["mismatch.kl"] / tokens, "is_weight.mean": total["is_weight"] / tokens,
-               "grad_norm": float(norm), "lr": lr, "entropy_coef": self.settings.entropy_coef,
+               "grad_norm": float(norm), "lr": lr, "entropy_coef": settings.entropy_coef,
                "loss_tokens": total["tokens"], "step_s": elapsed}
         if self.ref_model is not None:
             out["kl_ref"] = total["kl_ref"] / tokens
             out["loss.kl"] = total["loss.kl"]
         return out
 
-    def _micro_step(self, mb: Rows, num_tokens: float, num_seqs: float) -> dict[str, float]:
+    def _micro_step(self, mb: Rows, settings: LossSettings, num_tokens: float, num_seqs: float) -> dict[str, float]:
         tokens = mb.tokens.to(self.device)
         positions = torch.arange(tokens.shape[1], device=self.device)
         attention = (positions[None, :] < mb.lengths.to(self.device)[:, None]).long()
         with self._autocast():
             logits = self.wrapped(input_ids=tokens, attention_mask=attention).logits
         logp, entropy = token_logprobs(logits, tokens, self.cfg.loss.temperature,
-                                       entropy_grad=self.settings.entropy_coef > 0)
+                                       entropy_grad=settings.entropy_coef > 0)
         ref_logp = None
         if self.ref_model is not None:
             with torch.no_grad(), self._autocast():
@@ -190,7 +190,7 @@ class Engine:
             ref_logp = token_logprobs(ref_logits, tokens, self.cfg.loss.temperature, with_entropy=False)[0]
         loss, stats = policy_loss(
             logp, mb.behaviour.to(self.device), mb.advantages.to(self.device), mb.mask.to(self.device),
-            self.settings, entropy=entropy, ref_logp=ref_logp, num_tokens=num_tokens, num_seqs=num_seqs)
+            settings, entropy=entropy, ref_logp=ref_logp, num_tokens=num_tokens, num_seqs=num_seqs)
         (loss * self.world).backward()
         return {k: v for k, v in stats.items() if k in STAT_KEYS}
 

@@ -190,7 +190,8 @@ class Probes:
     new broker gives while it creates `__consumer_offsets`, librdkafka (2.16 included) dereferences
     a NULL consumer group in its main thread and the whole process dies with SIGSEGV (librdkafka
     #5040). `astraflow run` probed lag within a second of starting its broker and died that way
-    in CI; on fresh brokers here the admin call crashed 1 run in 3, `committed()` never did."""
+    in CI; on fresh brokers here the admin call crashed the process 9 times in 15, `committed()`
+    0 times in 20."""
 
     def __init__(self, settings: KafkaSettings) -> None:
         self.settings = settings

@@ -94,7 +94,9 @@ class Run:
         self.recipe_path = recipe_path.resolve()
         self.recipe = load_recipe(recipe_path)
         self.opts = opts
-        self.console = console or Console(stderr=True, soft_wrap=not sys.stderr.isatty())
+        # plain text: event, progress and summary lines hold paths and "[progress]", not rich markup
+        self.console = console or Console(stderr=True, soft_wrap=not sys.stderr.isatty(), markup=False,
+                                          highlight=False)
         self.run_dir = run_dir_of(self.recipe, opts.run_dir).resolve()
         self.events: list[str] = []
         self.stop_reason = "running"
@@ -108,7 +110,7 @@ class Run:
         with open(self.run_dir / "events.log", "a") as fh:
             fh.write(stamped + "\n")
         if not self.opts.dashboard:
-            self.console.print(stamped, highlight=False, markup=False)
+            self.console.print(stamped)
 
     def _kafka(self) -> KafkaSettings:
         settings = KafkaSettings.from_env(self.recipe.kafka)
@@ -175,9 +177,9 @@ class Run:
                  "checkpoints": self._latest_checkpoints(),
                  "failed": [c.name for c in sup.failed()] if sup else []}
         summary = write_report(self.run_dir, extra)
-        self.console.print(summary_text(summary), highlight=False, markup=False)
+        self.console.print(summary_text(summary))
         self.console.print(f"report: {self.run_dir}/summary.txt, plots in {self.run_dir}/plots, "
-                           f"tensorboard --logdir {self.run_dir}/tensorboard", highlight=False)
+                           f"tensorboard --logdir {self.run_dir}/tensorboard")
         return summary
 
     def _latest_checkpoints(self) -> dict[str, str]:
@@ -222,10 +224,8 @@ class Run:
                 v = t.values
                 parts.append(f"{p}: step {v.get('step', 0):.0f} reward {v.get('reward.mean', float('nan')):.3f}")
         tokens = sum(w.values.get("worker.tokens_per_s", 0) for w in snap.of("worker"))
-        # markup=False: rich would take "[progress]" for a style tag and print nothing of it
         self.console.print(f"[progress] {'; '.join(parts) or 'waiting for the first step'}; "
-                           f"rollout {tokens:.0f} tokens/s; dead letters {snap.deadletters}",
-                           highlight=False, markup=False)
+                           f"rollout {tokens:.0f} tokens/s; dead letters {snap.deadletters}")
 
 
 def save_json(path: Path, data: Any) -> None:

@@ -39,6 +39,7 @@ def test_ctrl_c_leaves_nothing_running_and_a_second_run_resumes(tmp_path: Path) 
     out = finish(first, 240)
     assert first.returncode == 0, out[-3000:]
     assert "stopping: interrupted" in out
+    assert "[progress] " in out  # printed as text, not eaten as a rich style tag
     assert processes_of(run_dir) == []  # no component, no broker
     s1 = summary(run_dir)
     assert s1["stop_reason"] == "interrupted"
