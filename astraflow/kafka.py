@@ -15,6 +15,8 @@ import logging
 import socket
 import ssl
 import threading
+import time
+import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -230,6 +232,42 @@ class AtLeastOnceConsumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def read_to_end(settings: KafkaSettings, topic: str, timeout: float = 60.0) -> list[tuple[float, Any]]:
+    """Every record of the base topic `topic` as (broker timestamp in seconds, decoded record), read
+    from the beginning to the end it had when called, with a throw-away group that commits nothing.
+    Records that do not decode are skipped (this is for reports and benches, not for components)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+
+    full = settings.topic(topic)
+    consumer = Consumer(consumer_config(settings, f"reader-{uuid.uuid4().hex[:8]}", **{"enable.auto.commit": False}))
+    try:
+        meta = consumer.list_topics(full, timeout=15).topics.get(full)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise AstraFlowError(f"topic {full} does not exist")
+        parts = meta.partitions
+        high = {p: consumer.get_watermark_offsets(TopicPartition(full, p), timeout=15)[1] for p in parts}
+        consumer.assign([TopicPartition(full, p, OFFSET_BEGINNING) for p in high])
+        todo = {p for p, h in high.items() if h > 0}
+        out: list[tuple[float, Any]] = []
+        deadline = time.monotonic() + timeout
+        while todo and time.monotonic() < deadline:
+            for msg in consumer.consume(1000, timeout=0.5):
+                if msg.error() is not None:
+                    continue
+                if msg.offset() + 1 >= high[msg.partition()]:
+                    todo.discard(msg.partition())
+                try:
+                    out.append((msg.timestamp()[1] / 1000.0, decode(msg.value() or b"")))
+                except RecordError:
+                    continue
+        if todo:
+            raise AstraFlowError(f"could not read {full} to its end within {timeout}s")
+        return out
+    finally:
+        consumer.close()
 
 
 class DeadLetters:

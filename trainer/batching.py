@@ -18,6 +18,7 @@ Pure Python, no Kafka and no torch, so every rule here is unit-tested directly:
 from __future__ import annotations
 
 import heapq
+import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,8 @@ class Batch:
     samples: list[Sample]
     lags: list[int]
     stale: list[Sample]
+    formed_at: float = field(default_factory=time.time)
+    """Wall time the batch was formed (the loop-breakdown bench reads it from the ledger)."""
 
     @property
     def group_ids(self) -> list[str]:

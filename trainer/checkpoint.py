@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,17 +29,47 @@ STATE_FILE = "trainer_state.json"
 
 
 def optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """AdamW state as safetensors-ready tensors plus JSON-ready metadata."""
+    """AdamW state as safetensors-ready tensors (copies: training may go on) plus JSON-ready metadata."""
     sd = optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, Any] = {}
     for idx, st in sd["state"].items():
         for key, value in st.items():
             if isinstance(value, torch.Tensor):
-                tensors[f"{idx}.{key}"] = value.detach().to("cpu").contiguous()
+                tensors[f"{idx}.{key}"] = value.detach().to("cpu", copy=True).contiguous()
             else:
                 scalars[f"{idx}.{key}"] = value
     return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def copy_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state dict as CPU copies, tied tensors still sharing one copy (so
+    `save_pretrained` sees them tied, as it would the live model)."""
+    copies: dict[int, torch.Tensor] = {}
+    out = {}
+    for name, tensor in model.state_dict().items():
+        ptr = tensor.data_ptr()
+        if ptr not in copies:
+            copies[ptr] = tensor.detach().to("cpu", copy=True)
+        out[name] = copies[ptr]
+    return out
+
+
+@dataclass
+class Snapshot:
+    """Everything a checkpoint holds, copied at the end of a step, so it can be written while the
+    next step trains."""
+
+    step: int
+    model_state: dict[str, torch.Tensor]
+    optimizer_tensors: dict[str, torch.Tensor]
+    optimizer_meta: dict[str, Any]
+    state: dict[str, Any]
+
+
+def snapshot(step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> Snapshot:
+    tensors, meta = optimizer_to_files(optimizer)
+    return Snapshot(step, copy_state(model), tensors, meta, state)
 
 
 def optimizer_from_files(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
@@ -63,20 +94,20 @@ def _fsync_tree(path: Path) -> None:
             os.close(fd)
 
 
-def save_checkpoint(root: Path, step: int, model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer,
-                    state: dict[str, Any], keep: int = 2) -> Path:
-    """Write checkpoint `step` under `root` atomically and keep only the newest `keep`."""
+def save_checkpoint(root: Path, snap: Snapshot, model: Any, tokenizer: Any, keep: int = 2) -> Path:
+    """Write the checkpoint of `snap` under `root` atomically and keep only the newest `keep`.
+    `model` gives only the config (its weights are taken from the snapshot)."""
     from safetensors.torch import save_file
 
+    step, state = snap.step, snap.state
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:08d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, state_dict=snap.model_state)
         tokenizer.save_pretrained(tmp)
-        tensors, meta = optimizer_to_files(optimizer)
-        save_file(tensors, str(tmp / "optimizer.safetensors"))
-        (tmp / "optimizer.json").write_text(json.dumps(meta, indent=1))
+        save_file(snap.optimizer_tensors, str(tmp / "optimizer.safetensors"))
+        (tmp / "optimizer.json").write_text(json.dumps(snap.optimizer_meta, indent=1))
         (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=1))
         _fsync_tree(tmp)
         if final.exists():  # only a leftover of a run whose later checkpoints were all lost

@@ -48,6 +48,7 @@ from astraflow.records import Sample, WeightVersion
 from astraflow.weights import WeightServer, WeightStore
 from trainer import checkpoint as ckpt
 from trainer import distributed
+from trainer.background import BackgroundJob
 from trainer.batching import BadSample, Batch, GroupBuffer
 from trainer.engine import Engine, collate
 
@@ -90,6 +91,8 @@ class Trainer:
         self.stop_requested = False
         self.step = self.version = self.batches = self.last_checkpoint = 0
         self.buffer = GroupBuffer(policy, self.cfg.dedupe_window)
+        self.publications = BackgroundJob(f"publish-{policy}")
+        self._uncommitted: dict[str, int] | None = None  # offsets of the last checkpoint, to commit
         self._setup_model()
 
     # ------------------------------------------------------------------ setup
@@ -226,7 +229,14 @@ class Trainer:
                                 self.recipe.max_staleness)
 
     def _poll(self, timeout: float) -> None:
-        for msg in self.consumer.consume(1000, timeout=timeout):
+        """Wait up to `timeout` for the first message, then take whatever else is ready. (A batch
+        `consume(n, timeout)` returns early only once it has n messages: with fewer it waited the
+        whole timeout, which put 0.2 s into every step the trainer had to wait for.)"""
+        self._commit_offsets()
+        first = self.consumer.poll(timeout)
+        if first is None:
+            return
+        for msg in [first, *self.consumer.consume(1000, timeout=0)]:
             if msg.error() is None:
                 self._intake(msg)
 
@@ -269,6 +279,7 @@ class Trainer:
         with open(self.home / "trained.jsonl", "a") as fh:  # the audit ledger (see _truncate_ledger)
             fh.write(json.dumps({"batch": self.batches, "step": self.step, "version": self.version,
                                  "trained": bool(stats), "groups": batch.group_ids,
+                                 "formed": batch.formed_at, "time": time.time(),
                                  "samples": len(batch.samples), "stale": len(batch.stale)}) + "\n")
         lags = Counter(batch.lags)
         # Rewards of everything the batch's groups rolled out (stale samples included: they show the
@@ -292,34 +303,58 @@ class Trainer:
     # ------------------------------------------------------------------ publication and checkpoints
 
     def _publish(self) -> None:
-        event = self.store.publish(self.engine.state_dict(), self.version + 1, step=self.step)
-        self.version = event.version
-        self._checkpoint()
-        self.publisher.send("weights", self._progress(event), key=self.policy)
+        """Make the step's weights version `version + 1`: copy weights, optimiser and buffer state
+        now, then write the version and its checkpoint and announce it in the background while the
+        next step trains (in that order: a version is announced only once checkpointed)."""
+        self.version += 1
+        snap, version = self._snapshot(self.version), self.version
+        self.publications.submit(lambda: self._write_version(snap, version))
+
+    def _write_version(self, snap: ckpt.Snapshot, version: int) -> None:
+        event = self.store.publish(snap.model_state, version, step=snap.step)
+        self._write_checkpoint(snap)
+        self.publisher.send("weights", self._progress(event, snap), key=self.policy)
         self.publisher.flush()
-        log.info("%s: published version %d at step %d", self.policy, self.version, self.step)
+        log.info("%s: published version %d at step %d", self.policy, version, snap.step)
 
     def _announce(self) -> None:
+        self.publications.join()  # the store must hold the current version before it is announced again
         self.publisher.send("weights", self._progress(self.store.event(self.version)), key=self.policy)
         self.publisher.flush()
 
-    def _progress(self, event: WeightVersion) -> WeightVersion:
+    def _progress(self, event: WeightVersion, snap: ckpt.Snapshot | None = None) -> WeightVersion:
         """The event with how many groups this trainer has consumed (the feeder's admission control)."""
-        return dataclasses.replace(event, groups_consumed=self.buffer.counts["groups.trained"])
+        counts = snap.state["buffer"]["counts"] if snap is not None else self.buffer.counts
+        return dataclasses.replace(event, groups_consumed=counts.get("groups.trained", 0))
+
+    def _snapshot(self, version: int) -> ckpt.Snapshot:
+        state: dict[str, Any] = {"policy": self.policy, "version": version, "batches": self.batches,
+                                 "time": time.time(), "host": socket.gethostname(), "topic": self.topic,
+                                 "buffer": self.buffer.state()}
+        return ckpt.snapshot(self.step, self.engine.model, self.engine.optimizer, state)
 
     def _checkpoint(self) -> None:
-        self.publisher.flush()  # the dead letters of offsets this checkpoint records are acknowledged
-        state: dict[str, Any] = {"policy": self.policy, "version": self.version, "batches": self.batches, "time": time.time(),
-                 "host": socket.gethostname(), "topic": self.topic, "buffer": self.buffer.state()}
-        ckpt.save_checkpoint(self.home / "checkpoints", self.step, self.engine.model, self.tokenizer,
-                             self.engine.optimizer, state, keep=self.cfg.keep_checkpoints)
-        self.last_checkpoint = self.step
-        self._commit_offsets(state["buffer"]["offsets"])
+        """A checkpoint of the current version, written now (between publications and at the end)."""
+        self.publications.join()
+        self._write_checkpoint(self._snapshot(self.version))
 
-    def _commit_offsets(self, offsets: dict[str, int]) -> None:
-        """Tell Kafka how far we are, for lag monitoring only (restarts use the checkpoint)."""
+    def _write_checkpoint(self, snap: ckpt.Snapshot) -> None:
+        self.publisher.flush()  # the dead letters of offsets this checkpoint records are acknowledged
+        ckpt.save_checkpoint(self.home / "checkpoints", snap, self.engine.model, self.tokenizer,
+                             keep=self.cfg.keep_checkpoints)
+        self.last_checkpoint = snap.step
+        # committed by the trainer's thread: a commit from another thread while the consumer
+        # polls hangs in confluent-kafka (seen here: it never returned)
+        self._uncommitted = snap.state["buffer"]["offsets"]
+
+    def _commit_offsets(self) -> None:
+        """Tell Kafka how far the last checkpoint is, for lag monitoring only (restarts use the
+        checkpoint)."""
         from confluent_kafka import KafkaException, TopicPartition
 
+        offsets, self._uncommitted = self._uncommitted, None
+        if offsets is None:
+            return
         try:
             self.consumer.commit(offsets=[TopicPartition(self.topic, int(p), o) for p, o in offsets.items()],
                                  asynchronous=True)
@@ -337,8 +372,10 @@ class Trainer:
 
     def _close(self, clean: bool) -> None:
         if self.dist.leader and hasattr(self, "consumer"):
+            self.publications.join()
             if clean and self.step > self.last_checkpoint:
                 self._checkpoint()  # steps since the last publication are kept, not retrained
+            self._commit_offsets()
             self.consumer.close()
             if self.lockstep is not None:
                 self.lockstep.close()

@@ -118,20 +118,30 @@ class Feeder:
         # task-stats feeds selective rollout and admission (groups streams dropped count as consumed)
         names = [self.settings.topic("weights"), self.settings.topic("task-stats")]
         parts = []
+        self._history: dict[tuple[str, int], int] = {}  # (topic, partition) -> end offset at start
         for name in names:
-            parts += [TopicPartition(name, p, OFFSET_BEGINNING) for p in high_watermarks(consumer, name)]
+            for p, high in high_watermarks(consumer, name).items():
+                parts.append(TopicPartition(name, p, OFFSET_BEGINNING))
+                if high > 0:
+                    self._history[(name, p)] = high
         consumer.assign(parts)
         self.published = sum(high_watermarks(consumer, self.settings.topic("tasks")).values())
         return consumer
 
     def _read_progress(self, consumer: Any, budget_s: float = 0.0) -> None:
+        """Read what progress records are ready; with a budget, wait up to it for the first one.
+        Returns as soon as something was read (admission reacts to the event itself, not to the end
+        of a polling interval: that wait was a tenth of a second of every step of a blocked run)."""
         deadline = time.monotonic() + budget_s
+        timeout = budget_s
         while True:
-            msg = consumer.poll(max(0.0, min(0.2, deadline - time.monotonic())))
+            msg = consumer.poll(timeout)
             if msg is None:
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= deadline or timeout == 0:
                     return
+                timeout = max(0.0, deadline - time.monotonic())
                 continue
+            timeout = 0.0  # something arrived: drain what else is ready, then return
             if msg.error() is not None:
                 continue
             try:
@@ -145,6 +155,22 @@ class Feeder:
                 self.consumed[rec.policy] = max(self.consumed.get(rec.policy, 0), consumed)
             elif isinstance(rec, TaskStats):
                 self.stats[rec.task_id] = rec
+
+    def _catch_up(self, consumer: Any, timeout: float = 60.0) -> None:
+        """Read the progress topics up to where they ended at start, so a restarted feeder admits
+        from what the trainers really consumed, not from the first records that happen to arrive."""
+        from confluent_kafka import TopicPartition
+
+        deadline = time.monotonic() + timeout
+        while self._history and time.monotonic() < deadline:
+            self._read_progress(consumer, budget_s=0.2)
+            positions = consumer.position([TopicPartition(t, p) for t, p in self._history])
+            for tp in positions:
+                if tp.offset >= self._history[(tp.topic, tp.partition)]:
+                    del self._history[(tp.topic, tp.partition)]
+        if self._history:
+            log.warning("feeder: progress topics not read to their end within %.0fs; admitting from what was read",
+                        timeout)
 
     def trainer_groups(self) -> int:
         """Groups consumed so far by the slowest trainer, plus the groups that reach no trainer."""
@@ -201,7 +227,7 @@ class Feeder:
         position = self._load_position()
         source = itertools.islice(self._source(), position, None)
         try:
-            self._read_progress(readers, budget_s=1.0)
+            self._catch_up(readers)
             for task in source:
                 while not self.stopping and not self.admitted():
                     start = time.monotonic()

@@ -1,0 +1,164 @@
+"""Where a step of the dataflow goes: the loop's stages, timed from the records themselves.
+
+Runs `astraflow run` of a recipe on a broker this bench starts, then reads back every topic and the
+trainer's ledger and follows each group around the loop:
+
+    feeder admits (task record)  -> worker starts the episodes (task time + Trajectory.timings.queue_s)
+    -> episodes done, trajectories produced -> streams: last Sample of the group produced
+    -> trainer forms the batch holding the group (ledger `formed`) -> step done (ledger `time`)
+    -> WeightVersion event of that step -> feeder admits the next task
+
+Timestamps are the broker's record timestamps (producer create time) and the wall times the
+components stamp on records, all from one machine's clock. Prints the median and p90 of every stage
+per group, the trainer's step interval, and how long the feeder took to answer a new version while
+it was blocked. Default workload: the full single-digit addition task of the TRL comparison
+(arithmetic, 0..9 + 0..9, answer then <eos>).
+
+    python -m bench.loop_breakdown [--recipe recipes/arithmetic.yaml] [--steps 200] [--set key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from astraflow import broker
+from astraflow.config import KafkaSettings, load_recipe
+from astraflow.kafka import read_to_end
+from astraflow.records import Sample, Task, Trajectory, WeightVersion
+from bench.machine import describe
+
+REPO = Path(__file__).resolve().parent.parent
+FULL_ADDITION = {"feeder.env_args": {"max_operand": 9, "require_eos": True}}
+
+
+def override(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *path, last = dotted.split(".")
+    for key in path:
+        data = data.setdefault(key, {})
+    data[last] = value
+
+
+def quantiles(xs: list[float]) -> str:
+    if not xs:
+        return "      -        -"
+    xs = sorted(xs)
+    p90 = xs[min(len(xs) - 1, int(0.9 * len(xs)))]
+    return f"{1000 * statistics.median(xs):7.1f} {1000 * p90:8.1f}"
+
+
+def run_once(recipe_file: Path, steps: int, work: Path, bootstrap: str) -> tuple[Path, float]:
+    run_dir = work / "run"
+    env = {**os.environ, "ASTRAFLOW_BOOTSTRAP": bootstrap}
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "astraflow.cli", "run", str(recipe_file), "--run-dir", str(run_dir),
+                    "--max-steps", str(steps), "--no-dashboard"], check=True, cwd=REPO, env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return run_dir, time.perf_counter() - start
+
+
+def breakdown(settings: KafkaSettings, run_dir: Path, policy: str) -> dict[str, list[float]]:
+    """Per-group stage durations (seconds) and per-step intervals, from the topics and the ledger."""
+    tasks = {r.group_id: ts for ts, r in read_to_end(settings, "tasks") if isinstance(r, Task)}
+    started: dict[str, float] = {}
+    produced: dict[str, float] = {}
+    for ts, r in read_to_end(settings, "trajectories"):
+        if isinstance(r, Trajectory):
+            start = r.created_at - r.timings.get("episode_s", 0.0)
+            started[r.group_id] = min(started.get(r.group_id, start), start)
+            produced[r.group_id] = max(produced.get(r.group_id, 0.0), ts)
+    sampled: dict[str, float] = {}
+    for ts, r in read_to_end(settings, f"samples.{policy}"):
+        if isinstance(r, Sample):
+            sampled[r.group_id] = max(sampled.get(r.group_id, 0.0), ts)
+    versions = sorted((r.step, ts) for ts, r in read_to_end(settings, "weights")
+                      if isinstance(r, WeightVersion) and r.policy == policy and r.step > 0)
+    published = dict(versions)
+    ledger = [json.loads(line) for line in (run_dir / "trainer" / policy / "trained.jsonl").read_text().splitlines()
+              if line.strip()]
+    out: dict[str, list[float]] = {k: [] for k in (
+        "admitted -> episodes start", "episodes start -> last trajectory", "last trajectory -> last sample",
+        "last sample -> batch formed", "batch formed -> step done", "step done -> weights event",
+        "admitted -> trained", "step interval", "weights event -> next admission (blocked feeder)")}
+    for row in ledger:
+        for g in row["groups"]:
+            if not all(g in d for d in (tasks, started, produced, sampled)):
+                continue
+            out["admitted -> episodes start"].append(started[g] - tasks[g])
+            out["episodes start -> last trajectory"].append(produced[g] - started[g])
+            out["last trajectory -> last sample"].append(sampled[g] - produced[g])
+            out["last sample -> batch formed"].append(row["formed"] - sampled[g])
+            out["batch formed -> step done"].append(row["time"] - row["formed"])
+            out["admitted -> trained"].append(row["time"] - tasks[g])
+        if row["step"] in published:
+            out["step done -> weights event"].append(published[row["step"]] - row["time"])
+    times = [row["time"] for row in ledger]
+    out["step interval"] = [b - a for a, b in zip(times, times[1:], strict=False)]
+    # The feeder's reaction: for each version event, the first task admitted after it, counted only
+    # when no task had been admitted in the 50 ms before the event (the feeder was waiting for it).
+    admits = sorted(tasks.values())
+    for _, ts in versions:
+        i = bisect.bisect_left(admits, ts)
+        if i < len(admits) and (i == 0 or ts - admits[i - 1] > 0.05):
+            out["weights event -> next admission (blocked feeder)"].append(admits[i] - ts)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "arithmetic.yaml")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="recipe overrides, YAML values (e.g. max_staleness=4)")
+    parser.add_argument("--no-full-addition", action="store_true", help="keep the recipe's own env_args")
+    args = parser.parse_args()
+    data = yaml.safe_load(args.recipe.read_text())
+    if not args.no_full_addition and "arithmetic" in args.recipe.name:
+        for key, value in FULL_ADDITION.items():
+            override(data, key, value)
+    for item in args.set:
+        key, _, value = item.partition("=")
+        override(data, key, yaml.safe_load(value))
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        recipe_file = work / "recipe.yaml"
+        recipe_file.write_text(yaml.safe_dump(data))
+        recipe = load_recipe(recipe_file)
+        state = broker.start(port=0, data_dir=work / "kafka")
+        try:
+            run_dir, wall = run_once(recipe_file, args.steps, work, state.bootstrap)
+            settings = KafkaSettings(bootstrap=state.bootstrap, namespace=recipe.name)  # as `run` names it
+            policy = recipe.policy_names[0]
+            stages = breakdown(settings, run_dir, policy)
+            rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        finally:
+            broker.stop(work / "kafka")
+    trainer = [r for r in rows if r["component"] == "trainer" and r["step"] >= 1]
+    tenth = max(1, len(trainer) // 10)
+    reward = [r["values"].get("reward.mean", float("nan")) for r in sorted(trainer, key=lambda r: r["step"])]
+    lags = [r["values"].get("staleness.mean", 0.0) for r in trainer]
+    print(f"machine: {describe()}")
+    print(f"workload: {recipe.name} {json.dumps(data.get('feeder', {}).get('env_args', {}))}, {args.steps} steps of "
+          f"{recipe.trainer.batch_groups} groups x {recipe.feeder.group_size}, max_staleness {recipe.max_staleness}, "
+          f"{recipe.worker.count} workers; overrides {args.set}")
+    print(f"wall {wall:.1f} s for {args.steps} steps (start-up and shutdown included); "
+          f"reward first tenth {statistics.fmean(reward[:tenth]):.3f}, last tenth {statistics.fmean(reward[-tenth:]):.3f}; "
+          f"mean lag of trained samples {statistics.fmean(lags) if lags else 0:.2f}")
+    print(f"{'stage':52s} {'p50 ms':>7s} {'p90 ms':>8s} {'n':>6s}")
+    for name, xs in stages.items():
+        print(f"{name:52s} {quantiles(xs)} {len(xs):6d}")
+
+
+if __name__ == "__main__":
+    main()
