@@ -22,6 +22,15 @@ from trainer.engine import Engine
     ({"loss": {"dual_clip": 1.0}}, "trainer.loss.dual_clip"),
     ({"loss": {"aggregation": "sum"}}, "trainer.loss.aggregation"),
     ({"loss": {"clip_lo": 0.1}}, "unknown key 'trainer.loss.clip_lo'"),
+    ({"loss": {"policy_loss": "grpo"}}, "trainer.loss.policy_loss"),
+    ({"loss": {"kl_estimator": "k4"}}, "trainer.loss.kl_estimator"),
+    ({"loss": {"kl_in": "advantage"}}, "trainer.loss.kl_in"),
+    ({"loss": {"log_ratio_clamp": 100}}, "trainer.loss.log_ratio_clamp"),
+    ({"loss": {"m2_threshold": 0}}, "trainer.loss.m2_threshold"),
+    ({"loss": {"aggregation": "constant"}}, "trainer.loss: Value error, aggregation: constant needs norm_length"),
+    ({"loss": {"policy_loss": "gspo", "tis_cap": 2.0}}, "trainer.loss: Value error, tis_cap applies to policy_loss: ppo only"),
+    ({"loss": {"policy_loss": "m2po", "dual_clip": 3.0}}, "dual_clip applies to policy_loss: ppo only"),
+    ({"loss": {"m2po_threshold": 0.04}}, "unknown key 'trainer.loss.m2po_threshold'"),
     ({"weights_dtype": "int8"}, "trainer.weights_dtype"),
     ({"keep_versions": 1}, "trainer.keep_versions"),
 ])
@@ -30,6 +39,33 @@ def test_bad_trainer_settings_name_the_key(tmp_path: Path, section: dict, words:
     path.write_text(yaml.safe_dump({"name": "r", "trainer": section}))
     with pytest.raises(ConfigError, match=words.replace(".", r"\.")):
         load_recipe(path)
+
+
+@pytest.mark.parametrize("loss", [
+    {"policy_loss": "ppo", "clip_low": 0.2, "clip_high": 0.28, "dual_clip": 3.0, "log_ratio_clamp": 10.0},
+    {"policy_loss": "ppo", "tis_cap": 2.0, "aggregation": "seq-mean-token-sum"},
+    {"policy_loss": "gspo", "clip_low": 3.0e-4, "clip_high": 4.0e-4, "aggregation": "seq-mean-token-mean"},
+    {"policy_loss": "cispo", "clip_low": 0.9, "clip_high": 4.0},
+    {"policy_loss": "m2po", "m2_threshold": 0.04, "aggregation": "constant", "norm_length": 512},
+    {"kl_coef": 0.01, "kl_estimator": "k1", "kl_in": "reward"},
+    {"kl_coef": 0.01, "kl_estimator": "k2", "kl_in": "loss"},
+], ids=lambda d: "-".join(str(v) for v in d.values()))
+def test_each_loss_mode_parses_from_a_recipe_into_the_engine_settings(tmp_path: Path, loss: dict) -> None:
+    import torch
+
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({"name": "r", "trainer": {"loss": loss}}))
+    cfg = load_recipe(path).trainer
+    settings = Engine(torch.nn.Linear(2, 2), cfg, torch.device("cpu")).settings
+    for key, value in loss.items():
+        assert getattr(cfg.loss, key) == value and getattr(settings, key) == value, key
+
+
+@pytest.mark.parametrize(("old", "new"), [("token", "token-mean"), ("sequence", "seq-mean-token-mean")])
+def test_old_aggregation_names_still_parse(tmp_path: Path, old: str, new: str) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({"name": "r", "trainer": {"loss": {"aggregation": old}}}))
+    assert load_recipe(path).trainer.loss.aggregation == new
 
 
 def test_warmup_schedule() -> None:
