@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from astraflow.config import load_recipe
-from astraflow.config.trainer import TrainerConfig
+from astraflow.config.trainer import LossConfig, TrainerConfig
 from astraflow.errors import ConfigError
 from tests.conftest import REPO, subprocess_env
 from trainer.engine import Engine
@@ -111,3 +111,12 @@ def test_cli_names_an_unknown_policy(tmp_path: Path) -> None:
                            "critic"], capture_output=True, text=True, timeout=120, cwd=REPO, env=subprocess_env())
     assert done.returncode == 1 and "unknown policy 'critic'" in done.stderr and "solver" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_readme_loss_section_is_a_valid_trainer_section() -> None:
+    text = (REPO / "README.md").read_text().split("### Choosing the loss", 1)[1]
+    block = yaml.safe_load(text.split("```yaml", 1)[1].split("```", 1)[0])
+    loss = TrainerConfig.model_validate(block["trainer"]).loss
+    assert set(block["trainer"]["loss"]) == set(LossConfig.model_fields) - {"entropy_coef", "entropy_decay_steps",
+                                                                            "temperature"}
+    assert loss == LossConfig()  # the values shown are the defaults
