@@ -159,7 +159,8 @@ class Engine:
         keeps: list[torch.Tensor | None] = [None] * len(parts)
         m2po: dict[str, float] = {}
         if settings.policy_loss == "m2po":
-            keeps, m2po = self.m2po_masks(parts, settings)
+            masks, m2po = self.m2po_masks(parts, settings)
+            keeps = list(masks)
         sums = dict.fromkeys(STAT_KEYS, 0.0)
         for i, mb in enumerate(parts):
             sync = i == len(parts) - 1
@@ -219,7 +220,7 @@ class Engine:
         count = torch.tensor([local.numel()], device=local.device)
         counts = [torch.zeros_like(count) for _ in range(self.world)]
         dist.all_gather(counts, count)
-        longest = max(int(c) for c in counts)
+        longest = max(max(int(c) for c in counts), 1)  # no rank may send an empty tensor
         padded = torch.zeros(longest, dtype=local.dtype, device=local.device)
         padded[: local.numel()] = local
         pieces = [torch.zeros_like(padded) for _ in range(self.world)]
