@@ -8,6 +8,13 @@ data-parallel ranks, is exactly the batch's loss. Under DDP every rank runs its 
 gradients are all-reduced once, on the last micro-batch (DDP averages, so the loss is scaled by the
 world size to keep the sum). The learning rate follows a linear warm-up, set explicitly each step
 so that nothing but the step number needs checkpointing.
+
+M2PO's mask is a property of the whole batch (the largest squared log-ratios of all its tokens),
+so it cannot be decided inside one micro-batch: with `policy_loss: m2po` a step first runs a
+no-grad forward over every micro-batch to get log pi_old - log mu (pi_old: the weights before
+this step), gathers the squared log-ratios of every rank, cuts them once (`m2po_cut`), and only
+then runs the gradient passes, each with its share of the one mask. The cost is one extra forward
+per step; the mask no longer depends on how the batch was split into micro-batches or ranks.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import torch
 
 from astraflow.config.trainer import TrainerConfig
 from astraflow.records import Sample
-from trainer.losses import LossSettings, policy_loss, token_logprobs
+from trainer.losses import LossSettings, log_ratio, m2po_cut, policy_loss, token_logprobs
 
 #: Sums reduced over micro-batches and ranks (order matters: they travel as one tensor).
 STAT_KEYS = ("tokens", "loss", "loss.pg", "loss.kl", "clipped", "is_weight", "mismatch.abs", "mismatch.kl",
@@ -86,7 +93,9 @@ def loss_settings(cfg: TrainerConfig) -> LossSettings:
     loss = cfg.loss
     return LossSettings(clip_low=loss.clip_low, clip_high=loss.clip_high, dual_clip=loss.dual_clip,
                         tis_cap=loss.tis_cap, aggregation=loss.aggregation, kl_coef=loss.kl_coef,
-                        entropy_coef=loss.entropy_coef)
+                        entropy_coef=loss.entropy_coef, policy_loss=loss.policy_loss,
+                        log_ratio_clamp=loss.log_ratio_clamp, m2_threshold=loss.m2_threshold,
+                        norm_length=loss.norm_length, kl_estimator=loss.kl_estimator, kl_in=loss.kl_in)
 
 
 class Engine:
@@ -147,6 +156,11 @@ class Engine:
         if not len(rows):  # a rank without rows still joins the gradient all-reduce, with zeros
             rows = Rows(torch.full((1, 2), self.pad_id), torch.tensor([2]), *(torch.zeros(1, 1) for _ in range(3)))
         parts = micro_batches(rows, self.cfg.micro_batch_tokens)
+        keeps: list[torch.Tensor | None] = [None] * len(parts)
+        m2po: dict[str, float] = {}
+        if settings.policy_loss == "m2po":
+            masks, m2po = self.m2po_masks(parts, settings)
+            keeps = list(masks)
         sums = dict.fromkeys(STAT_KEYS, 0.0)
         for i, mb in enumerate(parts):
             sync = i == len(parts) - 1
@@ -154,7 +168,7 @@ class Engine:
             if self.distributed and not sync:  # accumulate locally; all-reduce on the last micro-batch
                 no_sync = self.wrapped.no_sync()  # type: ignore[operator]
             with no_sync:
-                for k, v in self._micro_step(mb, settings, num_tokens, num_seqs).items():
+                for k, v in self._micro_step(mb, settings, num_tokens, num_seqs, keeps[i]).items():
                     sums[k] += v
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm or float("inf"))
@@ -173,12 +187,54 @@ class Engine:
         if self.ref_model is not None:
             out["kl_ref"] = total["kl_ref"] / tokens
             out["loss.kl"] = total["loss.kl"]
-        return out
+        return out | m2po
 
-    def _micro_step(self, mb: Rows, settings: LossSettings, num_tokens: float, num_seqs: float) -> dict[str, float]:
+    def m2po_masks(self, parts: list[Rows], settings: LossSettings) -> tuple[list[torch.Tensor], dict[str, float]]:
+        """M2PO's keep-mask of each micro-batch, cut on the squared log-ratios of the whole batch
+        (every micro-batch of every rank), and its batch-wide metrics: `m2po.m2` (the second moment
+        before masking), `m2po.m2_kept` (after) and `m2po.masked_fraction`."""
+        squares, local = [], []
+        with torch.no_grad():
+            for mb in parts:
+                tokens, attention = self._inputs(mb)
+                with self._autocast():
+                    logits = self.model(input_ids=tokens, attention_mask=attention).logits
+                logp = token_logprobs(logits, tokens, self.cfg.loss.temperature, with_entropy=False)[0]
+                sq = log_ratio(logp, mb.behaviour.to(self.device), settings.log_ratio_clamp) ** 2
+                squares.append(sq)
+                local.append(sq[mb.mask.to(self.device).bool()])
+        values = self._gather(torch.cat(local))
+        cut = m2po_cut(values, settings.m2_threshold)
+        keeps = [mb.mask.to(self.device).bool() & (sq < cut) for mb, sq in zip(parts, squares, strict=True)]
+        kept = values[values < cut].double()
+        n = max(values.numel(), 1)
+        return keeps, {"m2po.m2": float(values.double().sum()) / n,
+                       "m2po.m2_kept": float(kept.mean()) if kept.numel() else 0.0,
+                       "m2po.masked_fraction": 1.0 - kept.numel() / n if values.numel() else 0.0}
+
+    def _gather(self, local: torch.Tensor) -> torch.Tensor:
+        """The 1-D tensors of every rank, concatenated (ranks may hold different counts)."""
+        if not self.distributed:
+            return local
+        dist = torch.distributed
+        count = torch.tensor([local.numel()], device=local.device)
+        counts = [torch.zeros_like(count) for _ in range(self.world)]
+        dist.all_gather(counts, count)
+        longest = max(max(int(c) for c in counts), 1)  # no rank may send an empty tensor
+        padded = torch.zeros(longest, dtype=local.dtype, device=local.device)
+        padded[: local.numel()] = local
+        pieces = [torch.zeros_like(padded) for _ in range(self.world)]
+        dist.all_gather(pieces, padded)
+        return torch.cat([p[: int(c)] for p, c in zip(pieces, counts, strict=True)])
+
+    def _inputs(self, mb: Rows) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = mb.tokens.to(self.device)
         positions = torch.arange(tokens.shape[1], device=self.device)
-        attention = (positions[None, :] < mb.lengths.to(self.device)[:, None]).long()
+        return tokens, (positions[None, :] < mb.lengths.to(self.device)[:, None]).long()
+
+    def _micro_step(self, mb: Rows, settings: LossSettings, num_tokens: float, num_seqs: float,
+                    m2po_keep: torch.Tensor | None = None) -> dict[str, float]:
+        tokens, attention = self._inputs(mb)
         with self._autocast():
             logits = self.wrapped(input_ids=tokens, attention_mask=attention).logits
         logp, entropy = token_logprobs(logits, tokens, self.cfg.loss.temperature,
@@ -190,7 +246,8 @@ class Engine:
             ref_logp = token_logprobs(ref_logits, tokens, self.cfg.loss.temperature, with_entropy=False)[0]
         loss, stats = policy_loss(
             logp, mb.behaviour.to(self.device), mb.advantages.to(self.device), mb.mask.to(self.device),
-            settings, entropy=entropy, ref_logp=ref_logp, num_tokens=num_tokens, num_seqs=num_seqs)
+            settings, entropy=entropy, ref_logp=ref_logp, num_tokens=num_tokens, num_seqs=num_seqs,
+            m2po_keep=m2po_keep)
         (loss * self.world).backward()
         return {k: v for k, v in stats.items() if k in STAT_KEYS}
 

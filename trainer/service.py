@@ -20,7 +20,9 @@ Metrics (component `trainer`, one Metric per step; sums over the batch unless no
   (mean reward, and share of samples with reward >= trainer.success_threshold, over the batch's groups), batch.groups, batch.samples,
   batch.tokens, loss_tokens, staleness.lag.<k> (samples of this batch at lag k, k < 16; staleness.lag.ge16 for the rest), staleness.mean,
   staleness.dropped (stale samples of this batch), and running totals samples.in,
-  samples.duplicate, samples.stale, groups.trained, deadletter.
+  samples.duplicate, samples.stale, groups.trained, deadletter. kl_ref is the estimator that
+  trainer.loss.kl_estimator names. With policy_loss m2po, also m2po.m2 (mean squared log-ratio of
+  the batch before masking), m2po.m2_kept (after) and m2po.masked_fraction (= its clip_fraction).
 """
 
 from __future__ import annotations

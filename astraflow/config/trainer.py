@@ -1,35 +1,59 @@
 """Config of the trainer (`astraflow trainer --policy P`). Owned by the trainer component.
 
 One section, `trainer:`, applies to every policy's trainer of a recipe. The loss is
-algorithm-blind (advantages come on the Samples); what it exposes is the surrogate's clipping,
-importance-sampling correction and regularisers.
+algorithm-blind (advantages come on the Samples); what it exposes is the choice of surrogate
+(PPO, GSPO, CISPO, M2PO), its clipping and importance-sampling correction, the aggregation and the
+regularisers.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from astraflow.config.base import StrictModel
 
 
 class LossConfig(StrictModel):
-    """The clipped policy-gradient loss (see trainer/losses.py)."""
+    """The policy-gradient loss (see trainer/losses.py for the maths of each option)."""
 
+    policy_loss: Literal["ppo", "gspo", "cispo", "m2po"] = "ppo"
+    """Surrogate: `ppo`, clipped token ratio pi/mu (with optional dual clip, or truncated IS as
+    decoupled PPO); `gspo`, one ratio per sequence (the geometric mean of its token ratios), clipped
+    per sequence; `cispo`, every token keeps its gradient, weighted by the detached ratio clipped to
+    [1 - clip_low, 1 + clip_high]; `m2po`, no clip: the tokens of the batch with the largest squared
+    log-ratio are masked until the mean of the rest is at most m2_threshold."""
     clip_low: float = Field(default=0.2, ge=0, lt=1)
-    """Lower clip of the importance ratio: 1 - clip_low."""
+    """Lower clip of the importance ratio: 1 - clip_low (ppo, gspo; cispo's weight)."""
     clip_high: float = Field(default=0.28, ge=0)
     """Upper clip of the importance ratio: 1 + clip_high (DAPO's clip-higher when > clip_low)."""
     dual_clip: float | None = Field(default=None, gt=1)
-    """Dual clip constant c > 1: the loss of a negative-advantage token is at most -c * A."""
+    """Dual clip constant c > 1: the loss of a negative-advantage token is at most -c * A (ppo only)."""
     tis_cap: float | None = Field(default=None, gt=0)
     """Truncated importance sampling: take the ratio against the current policy and weight each
-    token by min(pi / mu, tis_cap) instead of clipping against the behaviour policy mu."""
-    aggregation: Literal["token", "sequence"] = "token"
-    """`token`: mean over all loss tokens of the batch; `sequence`: mean of per-sequence means."""
+    token by min(pi / mu, tis_cap) instead of clipping against the behaviour policy mu (ppo only)."""
+    log_ratio_clamp: float = Field(default=20.0, gt=0, le=80)
+    """log(pi / mu) (and log(pi / ref)) is clamped to +-this before exp: above ~88 exp overflows and
+    the gradient becomes inf or NaN. Tokens past the clamp get no gradient through their ratio."""
+    m2_threshold: float = Field(default=0.04, gt=0)
+    """M2PO's tau: the largest mean squared log-ratio (second moment) left in the loss."""
+    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant"] = "token-mean"
+    """How per-token losses become one number: `token-mean`, mean over all loss tokens of the batch;
+    `seq-mean-token-mean`, mean of per-sequence means; `seq-mean-token-sum`, mean of per-sequence
+    sums; `constant`, Dr. GRPO's sum / (sequences x norm_length). The old names `token` and
+    `sequence` are read as `token-mean` and `seq-mean-token-mean`."""
+    norm_length: int | None = Field(default=None, ge=1)
+    """Dr. GRPO's constant length (e.g. the generation budget), required by `aggregation: constant`."""
     kl_coef: float = Field(default=0.0, ge=0)
-    """Weight of the k3 KL to the frozen reference (the version-0 weights); 0 = no reference model."""
+    """Weight of the KL to the frozen reference (the version-0 weights); 0 = no reference model."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Estimator of KL(pi || ref) per token, d = log pi - log ref: `k1` = d (its gradient as a loss
+    is zero in expectation: use it with kl_in: reward); `k2` = d^2 / 2 (as a loss, the gradient of
+    KL(pi || ref)); `k3` = exp(-d) + d - 1 (as a loss, the gradient of KL(ref || pi))."""
+    kl_in: Literal["loss", "reward"] = "loss"
+    """`loss`: add kl_coef * mean KL estimate to the loss; `reward`: subtract kl_coef * the
+    (detached) per-token estimate from each token's advantage instead."""
     entropy_coef: float = Field(default=0.0, ge=0)
     """Weight of an entropy bonus (entropy is always reported)."""
     entropy_decay_steps: int | None = Field(default=None, ge=1)
@@ -37,6 +61,23 @@ class LossConfig(StrictModel):
     exploration early, no push away from a converged policy late."""
     temperature: float = Field(default=1.0, gt=0)
     """Sampling temperature of the workers: logits are divided by it, as the sampler did."""
+
+    @field_validator("aggregation", mode="before")
+    @classmethod
+    def _old_aggregation_names(cls, value: object) -> object:
+        if isinstance(value, str):
+            return {"token": "token-mean", "sequence": "seq-mean-token-mean"}.get(value, value)
+        return value
+
+    @model_validator(mode="after")
+    def _options_fit_the_loss(self) -> LossConfig:
+        if self.aggregation == "constant" and self.norm_length is None:
+            raise ValueError("aggregation: constant needs norm_length (Dr. GRPO's constant length)")
+        if self.policy_loss != "ppo":
+            for key in ("dual_clip", "tis_cap"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key} applies to policy_loss: ppo only, not {self.policy_loss}")
+        return self
 
 
 class TrainerConfig(StrictModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -22,20 +23,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(out: Path, nproc: int) -> None:
+def run(out: Path, nproc: int, policy_loss: str = "ppo") -> None:
     out.mkdir()
     script = str(REPO / "tests" / "trainer" / "ddp_check.py")
-    cmd = [sys.executable, script, str(out)] if nproc == 1 else [
+    cmd = [sys.executable, script, str(out), policy_loss] if nproc == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-        "--master-port", str(free_port()), script, str(out)]
+        "--master-port", str(free_port()), script, str(out), policy_loss]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO,
                           env=subprocess_env(OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
-def test_two_gloo_processes_compute_the_same_gradients_and_weights(tmp_path: Path) -> None:
-    run(tmp_path / "one", 1)
-    run(tmp_path / "two", 2)
+@pytest.mark.parametrize("policy_loss", ["ppo", "m2po"])
+def test_two_gloo_processes_compute_the_same_gradients_and_weights(tmp_path: Path, policy_loss: str) -> None:
+    run(tmp_path / "one", 1, policy_loss)
+    run(tmp_path / "two", 2, policy_loss)
+    if policy_loss == "m2po":  # the mask is cut on both ranks' tokens: the same tokens masked as in one process
+        s1, s2 = (json.loads((tmp_path / d / "stats.json").read_text()) for d in ("one", "two"))
+        assert 0 < s1["m2po.masked_fraction"] < 1 and s2["m2po.masked_fraction"] == s1["m2po.masked_fraction"]
+        assert s2["m2po.m2"] == pytest.approx(s1["m2po.m2"], rel=1e-5)
     g1, g2 = load_file(str(tmp_path / "one" / "grads.safetensors")), load_file(str(tmp_path / "two" / "grads.safetensors"))
     assert set(g1) == set(g2)
     for k in g1:  # the same batch-wide gradient, summed in another order
