@@ -34,6 +34,7 @@ import yaml
 from astraflow.config import Recipe, load_recipe
 from astraflow.models import init_checkpoint, load_model
 from astraflow.records import Sample, Trajectory
+from astraflow.sampling import SamplingSettings
 from bench.machine import describe
 from streams.advantages import grpo
 from trainer.engine import Engine, collate
@@ -65,7 +66,8 @@ async def sync_run(recipe: Recipe, steps: int, work: Path) -> dict[str, Any]:
     codec = Codec(load_tokenizer(init))
     runtime = Runtime(recipe, codec)
     engine = TorchEngine(policy, str(init), max_batch=recipe.worker.max_episodes)
-    trainer = Engine(load_model(init), recipe.trainer, torch.device("cpu"), pad_id=codec.pad)
+    trainer = Engine(load_model(init), recipe.trainer, torch.device("cpu"), pad_id=codec.pad,
+                     sampling=SamplingSettings.of(recipe.worker))
     tasks = generated_tasks(recipe)
     times, rewards = [], []
     start = time.perf_counter()

@@ -8,6 +8,12 @@ data-parallel ranks, is exactly the batch's loss. Under DDP every rank runs its 
 gradients are all-reduced once, on the last micro-batch (DDP averages, so the loss is scaled by the
 world size to keep the sum). The learning rate follows a linear warm-up, set explicitly each step
 so that nothing but the step number needs checkpointing.
+
+Log-probs are those of the workers' sampling distribution (`sampling`, from the recipe's `worker`
+section, through the same function the torch engine samples with), so on-policy the importance
+ratio is 1. With top-p or top-k a trained token may lie outside the *current* policy's kept set
+(it was inside the behaviour policy's): its log-prob is -inf, so it is masked out of the loss (no
+gradient, as for a clipped token) and counted as `outside_support`, the fraction of loss tokens.
 """
 
 from __future__ import annotations
@@ -23,11 +29,12 @@ import torch
 
 from astraflow.config.trainer import TrainerConfig
 from astraflow.records import Sample
+from astraflow.sampling import SamplingSettings
 from trainer.losses import LossSettings, policy_loss, token_logprobs
 
 #: Sums reduced over micro-batches and ranks (order matters: they travel as one tensor).
 STAT_KEYS = ("tokens", "loss", "loss.pg", "loss.kl", "clipped", "is_weight", "mismatch.abs", "mismatch.kl",
-             "kl_ref", "entropy")
+             "kl_ref", "entropy", "outside")
 
 
 @dataclass
@@ -93,8 +100,11 @@ class Engine:
     """Model, optional frozen reference, AdamW, and the step."""
 
     def __init__(self, model: torch.nn.Module, cfg: TrainerConfig, device: torch.device,
-                 ref_model: torch.nn.Module | None = None, distributed: bool = False, pad_id: int = 0) -> None:
+                 ref_model: torch.nn.Module | None = None, distributed: bool = False, pad_id: int = 0,
+                 sampling: SamplingSettings | None = None) -> None:
         self.cfg = cfg
+        #: the behaviour distribution's settings: pass SamplingSettings.of(recipe.worker)
+        self.sampling = sampling or SamplingSettings()
         self.pad_id = pad_id
         self.device = device
         self.model = model.to(device=device, dtype=torch.float32)
@@ -169,7 +179,8 @@ class Engine:
                "entropy": total["entropy"] / tokens, "mismatch.abs": total["mismatch.abs"] / tokens,
                "mismatch.kl": total["mismatch.kl"] / tokens, "is_weight.mean": total["is_weight"] / tokens,
                "grad_norm": float(norm), "lr": lr, "entropy_coef": settings.entropy_coef,
-               "loss_tokens": total["tokens"], "step_s": elapsed}
+               "loss_tokens": total["tokens"], "step_s": elapsed,
+               "outside_support": total["outside"] / max(total["tokens"] + total["outside"], 1.0)}
         if self.ref_model is not None:
             out["kl_ref"] = total["kl_ref"] / tokens
             out["loss.kl"] = total["loss.kl"]
@@ -181,18 +192,38 @@ class Engine:
         attention = (positions[None, :] < mb.lengths.to(self.device)[:, None]).long()
         with self._autocast():
             logits = self.wrapped(input_ids=tokens, attention_mask=attention).logits
-        logp, entropy = token_logprobs(logits, tokens, self.cfg.loss.temperature,
-                                       entropy_grad=settings.entropy_coef > 0)
+        logp, entropy = token_logprobs(logits, tokens, self.sampling, entropy_grad=settings.entropy_coef > 0)
+        mask = mb.mask.to(self.device)
+        # a token outside the current policy's top-p/top-k set has log-prob -inf and no gradient:
+        # out of the loss; the 0 written in its place (padding included) keeps 0 * inf out of the sums
+        dropped = torch.isinf(logp)
+        outside = dropped & (mask > 0)
+        if bool(dropped.any()):
+            mask = mask.masked_fill(outside, 0.0)
+            logp = logp.masked_fill(dropped, 0.0)
         ref_logp = None
         if self.ref_model is not None:
             with torch.no_grad(), self._autocast():
                 ref_logits = self.ref_model(input_ids=tokens, attention_mask=attention).logits
-            ref_logp = token_logprobs(ref_logits, tokens, self.cfg.loss.temperature, with_entropy=False)[0]
+            ref_logp = token_logprobs(ref_logits, tokens, self.sampling, with_entropy=False)[0]
         loss, stats = policy_loss(
-            logp, mb.behaviour.to(self.device), mb.advantages.to(self.device), mb.mask.to(self.device),
+            logp, mb.behaviour.to(self.device), mb.advantages.to(self.device), mask,
             settings, entropy=entropy, ref_logp=ref_logp, num_tokens=num_tokens, num_seqs=num_seqs)
         (loss * self.world).backward()
+        stats["outside"] = float(outside.sum())
         return {k: v for k, v in stats.items() if k in STAT_KEYS}
+
+    @torch.no_grad()
+    def logprobs(self, rows: Rows) -> torch.Tensor:
+        """Log-probs [N, L-1] of `rows`' tokens under the current weights, exactly as a step
+        computes them (same forward, same sampling distribution); -inf outside top-p/top-k."""
+        tokens = rows.tokens.to(self.device)
+        positions = torch.arange(tokens.shape[1], device=self.device)
+        attention = (positions[None, :] < rows.lengths.to(self.device)[:, None]).long()
+        self.model.eval()
+        with self._autocast():
+            logits = self.model(input_ids=tokens, attention_mask=attention).logits
+        return token_logprobs(logits, tokens, self.sampling, with_entropy=False)[0]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The float32 master weights (what gets published, cast to the weights dtype)."""

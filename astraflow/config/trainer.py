@@ -7,7 +7,7 @@ importance-sampling correction and regularisers.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -15,7 +15,8 @@ from astraflow.config.base import StrictModel
 
 
 class LossConfig(StrictModel):
-    """The clipped policy-gradient loss (see trainer/losses.py)."""
+    """The clipped policy-gradient loss (see trainer/losses.py). Log-probs are those of the workers'
+    sampling distribution (`worker.temperature`, `top_p`, `top_k`): there is no loss temperature."""
 
     clip_low: float = Field(default=0.2, ge=0, lt=1)
     """Lower clip of the importance ratio: 1 - clip_low."""
@@ -35,8 +36,15 @@ class LossConfig(StrictModel):
     entropy_decay_steps: int | None = Field(default=None, ge=1)
     """Decay the entropy bonus linearly from entropy_coef at step 1 to 0 after this many steps:
     exploration early, no push away from a converged policy late."""
-    temperature: float = Field(default=1.0, gt=0)
-    """Sampling temperature of the workers: logits are divided by it, as the sampler did."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "temperature" in data:
+            raise ValueError("trainer.loss.temperature was removed: the trainer now takes its sampling settings "
+                             "(temperature, top_p, top_k) from the recipe's worker section; set worker.temperature "
+                             "and delete trainer.loss.temperature")
+        return data
 
 
 class TrainerConfig(StrictModel):
