@@ -14,6 +14,13 @@ section, through the same function the torch engine samples with), so on-policy 
 ratio is 1. With top-p or top-k a trained token may lie outside the *current* policy's kept set
 (it was inside the behaviour policy's): its log-prob is -inf, so it is masked out of the loss (no
 gradient, as for a clipped token) and counted as `outside_support`, the fraction of loss tokens.
+
+The workers sample with the *published* weights, rounded to `weights_dtype`; scoring with the float32
+master weights instead would make every on-policy ratio differ from 1 by the rounding (~1e-3 in
+bfloat16). So with `score_published_weights` the step rounds the master weights in place, runs every
+micro-batch there, restores them and lets the optimiser apply that gradient to the float32 weights.
+Only once the workers run published weights (`serving_published`, set by the service from version 1
+on): at version 0 they run the initial checkpoint as stored, unrounded.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -120,6 +128,9 @@ class Engine:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                            weight_decay=cfg.weight_decay)
         self.settings = loss_settings(cfg)
+        #: the workers run weights published in cfg.weights_dtype (True from version 1 on; the service
+        #: sets it on every rank at the same step)
+        self.serving_published = False
 
     def lr_at(self, step: int) -> float:
         """Learning rate of 1-based step `step`: linear warm-up, then the configured decay."""
@@ -144,6 +155,25 @@ class Engine:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    @contextlib.contextmanager
+    def _published_weights(self) -> Iterator[None]:
+        """Inside: the parameters hold the values the workers run (rounded to weights_dtype)."""
+        if not (self.serving_published and self.cfg.score_published_weights) or self.cfg.weights_dtype == "float32":
+            yield
+            return
+        dtype = getattr(torch, self.cfg.weights_dtype)
+        params = list(self.model.parameters())
+        master = [p.detach().clone() for p in params]
+        with torch.no_grad():
+            for p in params:
+                p.copy_(p.to(dtype))
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, m in zip(params, master, strict=True):
+                    p.copy_(m)
+
     def step(self, rows: Rows, step: int, num_tokens: float, num_seqs: float) -> dict[str, float]:
         """Forward, backward and optimiser step on this rank's `rows` of a batch with `num_tokens`
         loss tokens and `num_seqs` sequences in all. Returns batch-wide metrics."""
@@ -158,14 +188,15 @@ class Engine:
             rows = Rows(torch.full((1, 2), self.pad_id), torch.tensor([2]), *(torch.zeros(1, 1) for _ in range(3)))
         parts = micro_batches(rows, self.cfg.micro_batch_tokens)
         sums = dict.fromkeys(STAT_KEYS, 0.0)
-        for i, mb in enumerate(parts):
-            sync = i == len(parts) - 1
-            no_sync: Any = contextlib.nullcontext()
-            if self.distributed and not sync:  # accumulate locally; all-reduce on the last micro-batch
-                no_sync = self.wrapped.no_sync()  # type: ignore[operator]
-            with no_sync:
-                for k, v in self._micro_step(mb, settings, num_tokens, num_seqs).items():
-                    sums[k] += v
+        with self._published_weights():
+            for i, mb in enumerate(parts):
+                sync = i == len(parts) - 1
+                no_sync: Any = contextlib.nullcontext()
+                if self.distributed and not sync:  # accumulate locally; all-reduce on the last micro-batch
+                    no_sync = self.wrapped.no_sync()  # type: ignore[operator]
+                with no_sync:
+                    for k, v in self._micro_step(mb, settings, num_tokens, num_seqs).items():
+                        sums[k] += v
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm or float("inf"))
         self.optimizer.step()
@@ -221,7 +252,7 @@ class Engine:
         positions = torch.arange(tokens.shape[1], device=self.device)
         attention = (positions[None, :] < rows.lengths.to(self.device)[:, None]).long()
         self.model.eval()
-        with self._autocast():
+        with self._published_weights(), self._autocast():
             logits = self.model(input_ids=tokens, attention_mask=attention).logits
         return token_logprobs(logits, tokens, self.sampling, with_entropy=False)[0]
 

@@ -123,6 +123,7 @@ class Trainer:
             ckpt.load_optimizer(latest, self.engine.optimizer)
             state = ckpt.read_state(latest)
             self.step, self.version = state["step"], state["version"]
+            self.engine.serving_published = self.version >= 1
             self.batches, self.last_checkpoint = state["batches"], state["step"]
             self.buffer.restore(state["buffer"])
             log.warning("%s: resumed from %s (step %d, version %d)", self.policy, latest, self.step, self.version)
@@ -258,6 +259,8 @@ class Trainer:
     def _train(self, batch: Batch | None, rows: Any, num_tokens: float, num_seqs: float) -> None:
         self.step += 1
         stats = self.engine.step(rows, self.step, num_tokens, num_seqs)
+        if self.step % self.cfg.publish_every == 0:  # on every rank: the next steps score published weights
+            self.engine.serving_published = True
         if batch is not None:  # the leader
             stats["tokens_per_s"] = batch.tokens / max(stats["step_s"], 1e-9)
             self._finish_batch(batch, stats)

@@ -83,6 +83,11 @@ class TrainerConfig(StrictModel):
     """Checkpoints kept on disk (older ones are deleted)."""
     weights_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     """dtype of the published inference weights (the trainer keeps float32 master weights)."""
+    score_published_weights: bool = True
+    """Run forward and backward on the master weights rounded to weights_dtype, i.e. on the weights
+    the workers sample with, and apply the gradient to the float32 master weights (straight
+    through). Without it, bfloat16 rounding alone puts the on-policy |log-ratio| near 1e-3; with
+    it, ~1e-7 for float32 engines. Costs one extra float32 copy of the parameters."""
     snapshot_every: int = Field(default=10, ge=1)
     """A full snapshot every this many versions; sparse deltas in between."""
     keep_versions: int | None = Field(default=None, ge=2)
