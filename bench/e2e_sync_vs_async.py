@@ -86,6 +86,7 @@ async def sync_run(recipe: Recipe, steps: int, work: Path) -> dict[str, Any]:
         trainer.step(rows, step, n_tokens, float(len(samples)))
         state = {k: v.detach().to(torch.bfloat16) for k, v in trainer.model.state_dict().items()}
         await engine.update_weights(state, step)  # sync weights before the next generation
+        trainer.serving_published = True  # the engine now runs bfloat16-published weights
         rewards.append(float(np.mean([s.reward for s in samples])))
         times.append(time.perf_counter())
     await engine.close()
