@@ -34,6 +34,7 @@ import yaml
 from astraflow.config import Recipe, load_recipe
 from astraflow.models import init_checkpoint, load_model
 from astraflow.records import Sample, Trajectory
+from astraflow.sampling import SamplingSettings
 from bench.machine import describe
 from streams.advantages import grpo
 from trainer.engine import Engine, collate
@@ -65,7 +66,8 @@ async def sync_run(recipe: Recipe, steps: int, work: Path) -> dict[str, Any]:
     codec = Codec(load_tokenizer(init))
     runtime = Runtime(recipe, codec)
     engine = TorchEngine(policy, str(init), max_batch=recipe.worker.max_episodes)
-    trainer = Engine(load_model(init), recipe.trainer, torch.device("cpu"), pad_id=codec.pad)
+    trainer = Engine(load_model(init), recipe.trainer, torch.device("cpu"), pad_id=codec.pad,
+                     sampling=SamplingSettings.of(recipe.worker))
     tasks = generated_tasks(recipe)
     times, rewards = [], []
     start = time.perf_counter()
@@ -84,6 +86,7 @@ async def sync_run(recipe: Recipe, steps: int, work: Path) -> dict[str, Any]:
         trainer.step(rows, step, n_tokens, float(len(samples)))
         state = {k: v.detach().to(torch.bfloat16) for k, v in trainer.model.state_dict().items()}
         await engine.update_weights(state, step)  # sync weights before the next generation
+        trainer.serving_published = True  # the engine now runs bfloat16-published weights
         rewards.append(float(np.mean([s.reward for s in samples])))
         times.append(time.perf_counter())
     await engine.close()

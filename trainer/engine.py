@@ -15,6 +15,19 @@ no-grad forward over every micro-batch to get log pi_old - log mu (pi_old: the w
 this step), gathers the squared log-ratios of every rank, cuts them once (`m2po_cut`), and only
 then runs the gradient passes, each with its share of the one mask. The cost is one extra forward
 per step; the mask no longer depends on how the batch was split into micro-batches or ranks.
+
+Log-probs are those of the workers' sampling distribution (`sampling`, from the recipe's `worker`
+section, through the same function the torch engine samples with), so on-policy the importance
+ratio is 1. With top-p or top-k a trained token may lie outside the *current* policy's kept set
+(it was inside the behaviour policy's): its log-prob is -inf, so it is masked out of the loss (no
+gradient, as for a clipped token) and counted as `outside_support`, the fraction of loss tokens.
+
+The workers sample with the *published* weights, rounded to `weights_dtype`; scoring with the float32
+master weights instead would make every on-policy ratio differ from 1 by the rounding (~1e-3 in
+bfloat16). So with `score_published_weights` the step rounds the master weights in place, runs every
+micro-batch there, restores them and lets the optimiser apply that gradient to the float32 weights.
+Only once the workers run published weights (`serving_published`, set by the service from version 1
+on): at version 0 they run the initial checkpoint as stored, unrounded.
 """
 
 from __future__ import annotations
@@ -22,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -30,11 +44,12 @@ import torch
 
 from astraflow.config.trainer import TrainerConfig
 from astraflow.records import Sample
+from astraflow.sampling import SamplingSettings
 from trainer.losses import LossSettings, log_ratio, m2po_cut, policy_loss, token_logprobs
 
 #: Sums reduced over micro-batches and ranks (order matters: they travel as one tensor).
 STAT_KEYS = ("tokens", "loss", "loss.pg", "loss.kl", "clipped", "is_weight", "mismatch.abs", "mismatch.kl",
-             "kl_ref", "entropy")
+             "kl_ref", "entropy", "outside")
 
 
 @dataclass
@@ -102,8 +117,11 @@ class Engine:
     """Model, optional frozen reference, AdamW, and the step."""
 
     def __init__(self, model: torch.nn.Module, cfg: TrainerConfig, device: torch.device,
-                 ref_model: torch.nn.Module | None = None, distributed: bool = False, pad_id: int = 0) -> None:
+                 ref_model: torch.nn.Module | None = None, distributed: bool = False, pad_id: int = 0,
+                 sampling: SamplingSettings | None = None) -> None:
         self.cfg = cfg
+        #: the behaviour distribution's settings: pass SamplingSettings.of(recipe.worker)
+        self.sampling = sampling or SamplingSettings()
         self.pad_id = pad_id
         self.device = device
         self.model = model.to(device=device, dtype=torch.float32)
@@ -119,6 +137,9 @@ class Engine:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                            weight_decay=cfg.weight_decay)
         self.settings = loss_settings(cfg)
+        #: the workers run weights published in cfg.weights_dtype (True from version 1 on; the service
+        #: sets it on every rank at the same step)
+        self.serving_published = False
 
     def lr_at(self, step: int) -> float:
         """Learning rate of 1-based step `step`: linear warm-up, then the configured decay."""
@@ -143,6 +164,25 @@ class Engine:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    @contextlib.contextmanager
+    def _published_weights(self) -> Iterator[None]:
+        """Inside: the parameters hold the values the workers run (rounded to weights_dtype)."""
+        if not (self.serving_published and self.cfg.score_published_weights) or self.cfg.weights_dtype == "float32":
+            yield
+            return
+        dtype = getattr(torch, self.cfg.weights_dtype)
+        params = list(self.model.parameters())
+        master = [p.detach().clone() for p in params]
+        with torch.no_grad():
+            for p in params:
+                p.copy_(p.to(dtype))
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, m in zip(params, master, strict=True):
+                    p.copy_(m)
+
     def step(self, rows: Rows, step: int, num_tokens: float, num_seqs: float) -> dict[str, float]:
         """Forward, backward and optimiser step on this rank's `rows` of a batch with `num_tokens`
         loss tokens and `num_seqs` sequences in all. Returns batch-wide metrics."""
@@ -158,18 +198,19 @@ class Engine:
         parts = micro_batches(rows, self.cfg.micro_batch_tokens)
         keeps: list[torch.Tensor | None] = [None] * len(parts)
         m2po: dict[str, float] = {}
-        if settings.policy_loss == "m2po":
-            masks, m2po = self.m2po_masks(parts, settings)
-            keeps = list(masks)
         sums = dict.fromkeys(STAT_KEYS, 0.0)
-        for i, mb in enumerate(parts):
-            sync = i == len(parts) - 1
-            no_sync: Any = contextlib.nullcontext()
-            if self.distributed and not sync:  # accumulate locally; all-reduce on the last micro-batch
-                no_sync = self.wrapped.no_sync()  # type: ignore[operator]
-            with no_sync:
-                for k, v in self._micro_step(mb, settings, num_tokens, num_seqs, keeps[i]).items():
-                    sums[k] += v
+        with self._published_weights():
+            if settings.policy_loss == "m2po":  # cut on the weights the gradient passes score with
+                masks, m2po = self.m2po_masks(parts, settings)
+                keeps = list(masks)
+            for i, mb in enumerate(parts):
+                sync = i == len(parts) - 1
+                no_sync: Any = contextlib.nullcontext()
+                if self.distributed and not sync:  # accumulate locally; all-reduce on the last micro-batch
+                    no_sync = self.wrapped.no_sync()  # type: ignore[operator]
+                with no_sync:
+                    for k, v in self._micro_step(mb, settings, num_tokens, num_seqs, keeps[i]).items():
+                        sums[k] += v
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm or float("inf"))
         self.optimizer.step()
@@ -183,7 +224,8 @@ class Engine:
                "entropy": total["entropy"] / tokens, "mismatch.abs": total["mismatch.abs"] / tokens,
                "mismatch.kl": total["mismatch.kl"] / tokens, "is_weight.mean": total["is_weight"] / tokens,
                "grad_norm": float(norm), "lr": lr, "entropy_coef": settings.entropy_coef,
-               "loss_tokens": total["tokens"], "step_s": elapsed}
+               "loss_tokens": total["tokens"], "step_s": elapsed,
+               "outside_support": total["outside"] / max(total["tokens"] + total["outside"], 1.0)}
         if self.ref_model is not None:
             out["kl_ref"] = total["kl_ref"] / tokens
             out["loss.kl"] = total["loss.kl"]
@@ -199,7 +241,7 @@ class Engine:
                 tokens, attention = self._inputs(mb)
                 with self._autocast():
                     logits = self.model(input_ids=tokens, attention_mask=attention).logits
-                logp = token_logprobs(logits, tokens, self.cfg.loss.temperature, with_entropy=False)[0]
+                logp = token_logprobs(logits, tokens, self.sampling, with_entropy=False)[0]
                 sq = log_ratio(logp, mb.behaviour.to(self.device), settings.log_ratio_clamp) ** 2
                 squares.append(sq)
                 local.append(sq[mb.mask.to(self.device).bool()])
@@ -237,19 +279,39 @@ class Engine:
         tokens, attention = self._inputs(mb)
         with self._autocast():
             logits = self.wrapped(input_ids=tokens, attention_mask=attention).logits
-        logp, entropy = token_logprobs(logits, tokens, self.cfg.loss.temperature,
-                                       entropy_grad=settings.entropy_coef > 0)
+        logp, entropy = token_logprobs(logits, tokens, self.sampling, entropy_grad=settings.entropy_coef > 0)
+        mask = mb.mask.to(self.device)
+        # a token outside the current policy's top-p/top-k set has log-prob -inf and no gradient:
+        # out of the loss; the 0 written in its place (padding included) keeps 0 * inf out of the sums
+        dropped = torch.isinf(logp)
+        outside = dropped & (mask > 0)
+        if bool(dropped.any()):
+            mask = mask.masked_fill(outside, 0.0)
+            logp = logp.masked_fill(dropped, 0.0)
         ref_logp = None
         if self.ref_model is not None:
             with torch.no_grad(), self._autocast():
                 ref_logits = self.ref_model(input_ids=tokens, attention_mask=attention).logits
-            ref_logp = token_logprobs(ref_logits, tokens, self.cfg.loss.temperature, with_entropy=False)[0]
+            ref_logp = token_logprobs(ref_logits, tokens, self.sampling, with_entropy=False)[0]
         loss, stats = policy_loss(
-            logp, mb.behaviour.to(self.device), mb.advantages.to(self.device), mb.mask.to(self.device),
+            logp, mb.behaviour.to(self.device), mb.advantages.to(self.device), mask,
             settings, entropy=entropy, ref_logp=ref_logp, num_tokens=num_tokens, num_seqs=num_seqs,
             m2po_keep=m2po_keep)
         (loss * self.world).backward()
+        stats["outside"] = float(outside.sum())
         return {k: v for k, v in stats.items() if k in STAT_KEYS}
+
+    @torch.no_grad()
+    def logprobs(self, rows: Rows) -> torch.Tensor:
+        """Log-probs [N, L-1] of `rows`' tokens under the current weights, exactly as a step
+        computes them (same forward, same sampling distribution); -inf outside top-p/top-k."""
+        tokens = rows.tokens.to(self.device)
+        positions = torch.arange(tokens.shape[1], device=self.device)
+        attention = (positions[None, :] < rows.lengths.to(self.device)[:, None]).long()
+        self.model.eval()
+        with self._published_weights(), self._autocast():
+            logits = self.model(input_ids=tokens, attention_mask=attention).logits
+        return token_logprobs(logits, tokens, self.sampling, with_entropy=False)[0]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The float32 master weights (what gets published, cast to the weights dtype)."""

@@ -39,6 +39,8 @@ from typing import Literal
 
 import torch
 
+from astraflow.sampling import SamplingSettings, entropy_of, sampling_logprobs
+
 PolicyLoss = Literal["ppo", "gspo", "cispo", "m2po"]
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant"]
 KLEstimator = Literal["k1", "k2", "k3"]
@@ -67,17 +69,23 @@ class LossSettings:
     kl_in: KLIn = "loss"
 
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, sampling: SamplingSettings | None = None,
                    with_entropy: bool = True, entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of tokens[:, 1:] under logits[:, :-1] (scaled by 1/temperature, as the sampler
-    did) and, optionally, the entropy of each predictive distribution (without a graph unless
-    `entropy_grad`, when it is only reported). Shapes [B, T-1]."""
-    logp_all = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+    """Log-probs of tokens[:, 1:] under logits[:, :-1] in the workers' sampling distribution
+    (`astraflow.sampling`: temperature, top-p, top-k, the very function the torch engine samples
+    with) and, optionally, the entropy of each of those distributions (without a graph unless
+    `entropy_grad`, when it is only reported). Shapes [B, T-1].
+
+    With top-p or top-k a token outside the current policy's kept set gets log-prob -inf (and no
+    gradient): the caller must mask it out of the loss (`trainer.engine` does, and counts it).
+    `sampling` None: temperature 1, no truncation."""
+    sampling = sampling or SamplingSettings()
+    logp_all = sampling_logprobs(logits[:, :-1], sampling.temperature, sampling.top_p, sampling.top_k)
     logp = logp_all.gather(-1, tokens[:, 1:].long().unsqueeze(-1)).squeeze(-1)
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
+            entropy = entropy_of(logp_all)
     return logp, entropy
 
 

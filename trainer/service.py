@@ -15,7 +15,9 @@ Under torchrun, only rank 0 runs Kafka, checkpoints and publication; see trainer
 
 Metrics (component `trainer`, one Metric per step; sums over the batch unless noted):
   step, version, loss, loss.pg, loss.kl, clip_fraction, entropy, kl_ref, mismatch.abs (mean
-  |log pi - log mu| on loss tokens), mismatch.kl (k3 estimate of KL(mu || pi)), is_weight.mean,
+  |log pi - log mu| on loss tokens; pi and mu are both the sampling distribution of worker.temperature,
+  top_p and top_k, so ~0 on-policy), mismatch.kl (k3 estimate of KL(mu || pi)), is_weight.mean,
+  outside_support (share of loss tokens outside pi's top-p/top-k set, masked out of the loss),
   grad_norm, lr, tokens_per_s (all tokens of the batch / step time), reward.mean and reward.success
   (mean reward, and share of samples with reward >= trainer.success_threshold, over the batch's groups), batch.groups, batch.samples,
   batch.tokens, loss_tokens, staleness.lag.<k> (samples of this batch at lag k, k < 16; staleness.lag.ge16 for the rest), staleness.mean,
@@ -47,6 +49,7 @@ from astraflow.kafka import DeadLetters, Publisher, consumer_config, decode_or_d
 from astraflow.metrics import MetricsReporter
 from astraflow.models import init_checkpoint, load_model, load_tokenizer
 from astraflow.records import Sample, WeightVersion
+from astraflow.sampling import SamplingSettings
 from astraflow.weights import WeightServer, WeightStore
 from trainer import checkpoint as ckpt
 from trainer import distributed
@@ -120,11 +123,12 @@ class Trainer:
         model = load_model(latest or init_dir, dtype="float32")
         ref = load_model(init_dir, dtype="float32") if self.cfg.loss.kl_coef > 0 else None
         self.engine = Engine(model, self.cfg, self.device, ref_model=ref, distributed=self.dist.enabled,
-                             pad_id=self.tokenizer.pad_token_id)
+                             pad_id=self.tokenizer.pad_token_id, sampling=SamplingSettings.of(self.recipe.worker))
         if latest is not None:
             ckpt.load_optimizer(latest, self.engine.optimizer)
             state = ckpt.read_state(latest)
             self.step, self.version = state["step"], state["version"]
+            self.engine.serving_published = self.version >= 1
             self.batches, self.last_checkpoint = state["batches"], state["step"]
             self.buffer.restore(state["buffer"])
             log.warning("%s: resumed from %s (step %d, version %d)", self.policy, latest, self.step, self.version)
@@ -267,6 +271,8 @@ class Trainer:
     def _train(self, batch: Batch | None, rows: Any, num_tokens: float, num_seqs: float) -> None:
         self.step += 1
         stats = self.engine.step(rows, self.step, num_tokens, num_seqs)
+        if self.step % self.cfg.publish_every == 0:  # on every rank: the next steps score published weights
+            self.engine.serving_published = True
         if batch is not None:  # the leader
             stats["tokens_per_s"] = batch.tokens / max(stats["step_s"], 1e-9)
             self._finish_batch(batch, stats)

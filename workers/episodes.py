@@ -95,7 +95,7 @@ async def run_episode(runtime: Runtime, task: Task, episode: int, engines: dict[
     env, wf = runtime.resolve(task)
     wcfg = runtime.recipe.worker
     ctx = EpisodeContext(task=task, sample_index=episode, env=env, codec=runtime.codec, engines=engines,
-                         temperature=wcfg.temperature, top_p=wcfg.top_p,
+                         temperature=wcfg.temperature, top_p=wcfg.top_p, top_k=wcfg.top_k,
                          rng=random.Random(f"{task.task_id}#{task.attempt}#{episode}"))
     start = time.time()
     try:

@@ -70,6 +70,16 @@ class Recipe(StrictModel):
             raise ValueError(f"policy names must be unique: {names}")
         return self
 
+    @model_validator(mode="after")
+    def _kl_needs_full_support(self) -> Recipe:
+        # the trainer reads worker.top_p/top_k too: under truncation a sampled token can lie outside
+        # the reference's kept set, where its log-prob is -inf and the KL to the reference infinite
+        w = self.worker
+        if self.trainer.loss.kl_coef > 0 and (w.top_p < 1.0 or w.top_k > 0):
+            raise ValueError(f"trainer.loss.kl_coef > 0 needs worker.top_p: 1 and worker.top_k: 0 (got {w.top_p}, "
+                             f"{w.top_k}): the KL to the reference is infinite on tokens outside its top-p/top-k set")
+        return self
+
     @property
     def policy_names(self) -> list[str]:
         return [p.name for p in self.policies]

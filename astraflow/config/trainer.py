@@ -8,7 +8,7 @@ regularisers.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -16,7 +16,9 @@ from astraflow.config.base import StrictModel
 
 
 class LossConfig(StrictModel):
-    """The policy-gradient loss (see trainer/losses.py for the maths of each option)."""
+    """The policy-gradient loss (see trainer/losses.py for the maths of each option). Log-probs are
+    those of the workers' sampling distribution (`worker.temperature`, `top_p`, `top_k`): there is no
+    loss temperature."""
 
     policy_loss: Literal["ppo", "gspo", "cispo", "m2po"] = "ppo"
     """Surrogate: `ppo`, clipped token ratio pi/mu (with optional dual clip, or truncated IS as
@@ -59,8 +61,15 @@ class LossConfig(StrictModel):
     entropy_decay_steps: int | None = Field(default=None, ge=1)
     """Decay the entropy bonus linearly from entropy_coef at step 1 to 0 after this many steps:
     exploration early, no push away from a converged policy late."""
-    temperature: float = Field(default=1.0, gt=0)
-    """Sampling temperature of the workers: logits are divided by it, as the sampler did."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "temperature" in data:
+            raise ValueError("trainer.loss.temperature was removed: the trainer now takes its sampling settings "
+                             "(temperature, top_p, top_k) from the recipe's worker section; set worker.temperature "
+                             "and delete trainer.loss.temperature")
+        return data
 
     @field_validator("aggregation", mode="before")
     @classmethod
@@ -116,6 +125,11 @@ class TrainerConfig(StrictModel):
     """Checkpoints kept on disk (older ones are deleted)."""
     weights_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     """dtype of the published inference weights (the trainer keeps float32 master weights)."""
+    score_published_weights: bool = True
+    """Run forward and backward on the master weights rounded to weights_dtype, i.e. on the weights
+    the workers sample with, and apply the gradient to the float32 master weights (straight
+    through). Without it, bfloat16 rounding alone puts the on-policy |log-ratio| near 1e-3; with
+    it, ~1e-7 for float32 engines. Costs one extra float32 copy of the parameters."""
     snapshot_every: int = Field(default=10, ge=1)
     """A full snapshot every this many versions; sparse deltas in between."""
     keep_versions: int | None = Field(default=None, ge=2)

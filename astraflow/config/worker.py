@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from astraflow.config.base import StrictModel
 
@@ -37,10 +37,14 @@ class WorkerConfig(StrictModel):
     over the feeder's `env_args` for the feeder's environment."""
     engine: EngineConfig = EngineConfig()
     """Inference engine used for every role."""
-    temperature: float = Field(default=1.0, ge=0.0, le=10.0)
-    """Sampling temperature (0: greedy)."""
+    temperature: float = Field(default=1.0, le=10.0)
+    """Sampling temperature, > 0 (greedy decoding cannot be trained on). The trainer computes its
+    log-probs under the same temperature, top_p and top_k (astraflow/sampling.py): these three are
+    the one definition of the behaviour distribution."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    """Nucleus sampling mass."""
+    """Nucleus sampling mass (1: off)."""
+    top_k: int = Field(default=0, ge=0)
+    """Sample among the top_k most likely tokens only (0: off)."""
     max_episodes: int = Field(default=16, ge=1, le=4096)
     """Episodes in flight at once in one worker."""
     group: str = "workers"
@@ -54,3 +58,21 @@ class WorkerConfig(StrictModel):
     """Workers `astraflow run` starts."""
     regions: list[str] = Field(default_factory=lambda: ["local"])
     """Regions `astraflow run` spreads its workers over (round robin)."""
+
+    @field_validator("temperature")
+    @classmethod
+    def _trainable_temperature(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError(f"temperature {v} is greedy decoding, which cannot be trained on (every token has "
+                             "probability 1 under it: no importance ratio, no policy gradient); use a temperature > 0")
+        return v
+
+    @model_validator(mode="after")
+    def _sglang_logprobs_are_untruncated(self) -> WorkerConfig:
+        # SGLang's output_token_logprobs are log softmax(logits / T): top-p and top-k are applied when
+        # sampling but not in the log-probs it returns (sglang srt/layers/sampler.py), so with either
+        # the behaviour log-probs would not be those of the distribution sampled from.
+        if self.engine.type == "sglang" and (self.top_p < 1.0 or self.top_k > 0):
+            raise ValueError(f"the sglang engine returns log-probs without top-p/top-k renormalisation, so "
+                             f"worker.top_p must be 1 and worker.top_k 0 with it (got {self.top_p}, {self.top_k})")
+        return self

@@ -44,6 +44,33 @@ def test_broken_recipes_are_refused_clearly(tmp_path: Path, text: str, words: st
     assert words in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        # the second temperature knob is gone: the error names the key and where the setting lives
+        ("name: x\ntrainer:\n  loss: {temperature: 0.7}\n", "trainer.loss.temperature was removed"),
+        ("name: x\ntrainer:\n  loss: {temperature: 0.7}\n", "worker.temperature"),
+        # greedy decoding cannot be trained on
+        ("name: x\nworker: {temperature: 0}\n", "worker.temperature"),
+        ("name: x\nworker: {temperature: 0}\n", "greedy"),
+        ("name: x\nworker: {top_k: -1}\n", "worker.top_k"),
+        ("name: x\nworker: {top_p: 0.9}\ntrainer: {loss: {kl_coef: 0.1}}\n", "kl_coef > 0 needs worker.top_p: 1"),
+    ],
+)
+def test_sampling_settings_are_defined_once_and_trainable(tmp_path: Path, text: str, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_recipe(write(tmp_path, text))
+    assert words in str(info.value) and str(tmp_path) in str(info.value)
+
+
+def test_worker_sampling_settings_load() -> None:
+    from astraflow.config import Recipe
+    from astraflow.sampling import SamplingSettings
+
+    recipe = Recipe(name="x", worker={"temperature": 0.7, "top_p": 0.9, "top_k": 20})  # type: ignore[arg-type]
+    assert SamplingSettings.of(recipe.worker) == SamplingSettings(temperature=0.7, top_p=0.9, top_k=20)
+
+
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_recipe(tmp_path / "nope.yaml")

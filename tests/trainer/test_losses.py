@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from astraflow.sampling import SamplingSettings
 from trainer.losses import (
     LossSettings,
     aggregate,
@@ -93,8 +94,22 @@ def test_token_logprobs_and_entropy() -> None:
     logp, entropy = token_logprobs(logits, T([[0, 1]]))
     assert logp.item() == pytest.approx(math.log(0.75))
     assert entropy.item() == pytest.approx(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)))
-    logp_t2, _ = token_logprobs(logits, T([[0, 1]]), temperature=2.0)
+    logp_t2, _ = token_logprobs(logits, T([[0, 1]]), SamplingSettings(temperature=2.0))
     assert logp_t2.item() == pytest.approx(math.log(math.sqrt(3) / (1 + math.sqrt(3))))
+
+
+def test_token_logprobs_are_those_of_the_truncated_sampling_distribution() -> None:
+    # position 0: p = [0.5, 0.3, 0.15, 0.05]; top-p 0.7 keeps {0, 1}: [0.625, 0.375, 0, 0]
+    logits = torch.log(T([[[0.5, 0.3, 0.15, 0.05], [0.25, 0.25, 0.25, 0.25]]])).requires_grad_()
+    nucleus = SamplingSettings(top_p=0.7)
+    logp, entropy = token_logprobs(logits, T([[0, 1]]), nucleus)
+    assert logp.item() == pytest.approx(math.log(0.375))
+    assert entropy.item() == pytest.approx(-(0.625 * math.log(0.625) + 0.375 * math.log(0.375)))
+    (logp.sum() + entropy.sum()).backward()
+    assert torch.isfinite(logits.grad).all()
+    assert torch.isinf(token_logprobs(logits, T([[0, 2]]), nucleus)[0]).all()  # outside the nucleus
+    # top-k 1 keeps the arg-max only
+    assert token_logprobs(logits, T([[0, 0]]), SamplingSettings(top_k=1))[0].item() == 0.0
 
 
 def test_policy_loss_combines_terms_and_reports_sums() -> None:

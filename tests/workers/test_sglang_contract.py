@@ -3,13 +3,14 @@ documented native API shapes (no GPU here, so no real server): `/generate` with 
 log-probs, `/update_weights_from_disk`, `/pause_generation` and `/continue_generation`.
 
 The fake server checks the requests the way SGLang's request models would (unknown or missing fields
-are 400) and answers with the documented response shapes, so a drift in either side fails here.
+are 400) and answers with the documented response shapes, so a drift in either side fails here. Its
+log-probs follow SGLang's sampler (`srt/layers/sampler.py`): log softmax(logits / temperature) of a
+fixed logits table, top-p/top-k not applied to them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,9 @@ import pytest
 import torch
 from aiohttp import web
 
+from astraflow.errors import ConfigError
+from astraflow.sampling import sampling_logprobs
+from tests.workers.conftest import make_recipe
 from workers.engines.base import SamplingParams
 from workers.engines.sglang_engine import SGLangEngine, SGLangError, parse_generate
 
@@ -64,12 +68,17 @@ class FakeSGLang:
             if tok in stops:
                 finish = {"type": "stop", "matched": tok}
                 break
-        lps = [[-math.log(self.vocab) - 0.01 * i, t, None] for i, t in enumerate(out)]
+        temp = float(sp.get("temperature", 1.0))
+        lps = [[float(torch.log_softmax(self.logits(ids, i) / temp, -1)[t]), t, None] for i, t in enumerate(out)]
         meta = {"id": "r1", "finish_reason": finish, "prompt_tokens": len(ids), "completion_tokens": len(out),
                 "cached_tokens": 0, "weight_version": self.weight_version}
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = lps
         return web.json_response({"text": "", "output_ids": out, "meta_info": meta})
+
+    def logits(self, ids: list[int], step: int) -> torch.Tensor:
+        """The fake model's next-token logits at output position `step` of prompt `ids`."""
+        return torch.randn(self.vocab, generator=torch.Generator().manual_seed(sum(ids) * 1000 + step)) * 3.0
 
     async def update(self, request: web.Request) -> web.Response:
         body = await self._body(request, UPDATE_KEYS)
@@ -108,12 +117,13 @@ def test_generate_contract() -> None:
         fake = FakeSGLang()
         runner, url = await serve(fake)
         engine = SGLangEngine("p", url, version=3)
-        r = await engine.generate([1, 2, 3], SamplingParams(temperature=0.7, top_p=0.9, max_tokens=5))
+        r = await engine.generate([1, 2, 3], SamplingParams(temperature=0.7, max_tokens=5))
         path, body = fake.calls[-1]
         assert path == "/generate" and body["input_ids"] == [1, 2, 3] and body["return_logprob"] is True
         assert body["sampling_params"]["max_new_tokens"] == 5 and body["sampling_params"]["temperature"] == 0.7
+        assert body["sampling_params"]["top_p"] == 1.0
         assert len(r.tokens) == 5 and r.finish_reason == "length" and r.versions == [3] * 5
-        assert r.logprobs[1] == pytest.approx(-math.log(50) - 0.01)
+        assert r.logprobs[1] < -0.01 and len(set(r.logprobs)) == 5  # read back per token, not a constant
         stop_tok = (6 + 7) % 50  # the second token the fake emits for this prompt
         r = await engine.generate([1, 2, 3], SamplingParams(max_tokens=5, stop_token_ids=(stop_tok,)))
         assert r.finish_reason == "stop" and r.tokens[-1] == stop_tok and len(r.tokens) == 2
@@ -121,6 +131,53 @@ def test_generate_contract() -> None:
         await runner.cleanup()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0, 1.3])
+def test_logprobs_read_back_are_the_trainers(temperature: float) -> None:
+    """With top_p 1 and top_k 0, SGLang's log-probs are those of the trainer's distribution
+    (astraflow.sampling at the same temperature), token by token."""
+
+    async def main() -> None:
+        fake = FakeSGLang()
+        runner, url = await serve(fake)
+        engine = SGLangEngine("p", url)
+        prompt = [1, 4, 9]
+        r = await engine.generate(prompt, SamplingParams(temperature=temperature, max_tokens=6))
+        trainer = [float(sampling_logprobs(fake.logits(prompt, i), temperature)[t]) for i, t in enumerate(r.tokens)]
+        assert r.logprobs == pytest.approx(trainer, abs=1e-6)
+        untempered = [float(torch.log_softmax(fake.logits(prompt, i), -1)[t]) for i, t in enumerate(r.tokens)]
+        if temperature != 1.0:  # the temperature matters: the raw log-probs would not pass the check above
+            assert max(abs(a - b) for a, b in zip(r.logprobs, untempered, strict=True)) > 1e-3
+        await engine.close()
+        await runner.cleanup()
+
+    asyncio.run(main())
+
+
+def test_truncated_sampling_is_refused() -> None:
+    """SGLang's log-probs ignore top-p/top-k, which the trainer's distribution applies: the engine
+    refuses such requests (before any HTTP call) and a recipe naming the sglang engine refuses them."""
+    logits = FakeSGLang().logits([1, 2], 0)
+    tok = int(logits.argmax())
+    assert float(sampling_logprobs(logits, 1.0, 0.9)[tok]) > float(torch.log_softmax(logits, -1)[tok]) + 1e-3
+
+    async def main() -> None:
+        fake = FakeSGLang()
+        runner, url = await serve(fake)
+        engine = SGLangEngine("p", url)
+        for params in (SamplingParams(top_p=0.9), SamplingParams(top_k=5)):
+            with pytest.raises(SGLangError, match="top_p"):
+                await engine.generate([1, 2], params)
+        assert fake.calls == []
+        await engine.close()
+        await runner.cleanup()
+
+    asyncio.run(main())
+    for sampling in ({"top_p": 0.9}, {"top_k": 5}):
+        with pytest.raises(ConfigError, match="sglang engine returns log-probs without"):
+            make_recipe(worker={"engine": {"type": "sglang"}, **sampling})
+    make_recipe(worker={"engine": {"type": "torch"}, "top_p": 0.9, "top_k": 5})  # the torch engine renormalises
 
 
 def test_weight_update_contract(tiny_checkpoint: Path) -> None:

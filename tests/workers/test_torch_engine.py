@@ -1,4 +1,5 @@
-"""The torch engine: exact behaviour log-probs, batching, weight swaps between decode steps."""
+"""The torch engine: exact behaviour log-probs, batching, weight swaps between decode steps and the
+versions they stamp."""
 
 from __future__ import annotations
 
@@ -8,17 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from astraflow.sampling import sampling_logprobs
 from workers.engines.base import SamplingParams
-from workers.engines.sampling import sampling_logprobs
 from workers.engines.torch_engine import TorchEngine, WeightLoadError
 
 
-def teacher_forced(engine: TorchEngine, prompt: list[int], tokens: list[int], t: float, p: float) -> torch.Tensor:
+def teacher_forced(engine: TorchEngine, prompt: list[int], tokens: list[int], t: float, p: float,
+                   k: int = 0) -> torch.Tensor:
     seq = torch.tensor([prompt + tokens])
     with torch.no_grad():
         logits = engine.model(seq).logits[0, len(prompt) - 1:-1].float()
-    n = len(tokens)
-    lp = sampling_logprobs(logits, torch.full((n,), t), torch.full((n,), p))
+    lp = sampling_logprobs(logits, t, p, k)
     return lp.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
 
 
@@ -60,9 +61,11 @@ def test_stop_and_length(tiny_checkpoint: Path) -> None:
     asyncio.run(main())
 
 
-def test_weight_swap_mid_trajectory(tiny_checkpoint: Path) -> None:
-    """Version 1 zeroes the final norm: its logits are all 0, so every token it generates has
-    log-prob exactly -log(V); tokens before the swap carry version 0 and ordinary log-probs."""
+def test_weight_swap_mid_wave_stamps_the_oldest_version(tiny_checkpoint: Path) -> None:
+    """Version 1 zeroes the final norm: its logits are all 0, so every token it samples has log-prob
+    exactly -log(V). The swap lands mid-wave: the tokens after it are drawn from version 1's forward
+    passes over a KV cache that version 0 computed, so they keep version 0's stamp (the oldest that
+    influenced them); the next request starts a fresh wave and is stamped 1."""
 
     async def main() -> None:
         engine = TorchEngine("p", str(tiny_checkpoint), seed=1)
@@ -77,11 +80,31 @@ def test_weight_swap_mid_trajectory(tiny_checkpoint: Path) -> None:
 
         engine.step_hook = hook
         r = await engine.generate([1, 7, 8], SamplingParams(max_tokens=10))
-        assert r.versions == [0] * swap_at + [1] * (10 - swap_at)
         uniform = -torch.log(torch.tensor(float(vocab))).item()
+        # the swap did happen mid-wave: the last tokens came from version 1's weights ...
         assert all(abs(lp - uniform) < 1e-5 for lp in r.logprobs[swap_at:])
         assert all(abs(lp - uniform) > 1e-3 for lp in r.logprobs[:swap_at])
+        # ... yet they are stamped with version 0, whose KV cache they attended to
+        assert r.versions == [0] * 10
         assert engine.version == 1
+        r = await engine.generate([1, 7, 8], SamplingParams(max_tokens=4))
+        assert r.versions == [1] * 4 and all(abs(lp - uniform) < 1e-5 for lp in r.logprobs)
+        await engine.close()
+
+    asyncio.run(main())
+
+
+def test_top_k_is_honoured(tiny_checkpoint: Path) -> None:
+    async def main() -> None:
+        engine = TorchEngine("p", str(tiny_checkpoint), seed=5)
+        prompt = [1, 9, 4]
+        r = await engine.generate(prompt, SamplingParams(temperature=1.3, top_k=3, max_tokens=16))
+        with torch.no_grad():
+            logits = engine.model(torch.tensor([prompt + r.tokens])).logits[0, len(prompt) - 1:-1]
+        top3 = logits.topk(3, dim=-1).indices
+        assert all(t in top3[i].tolist() for i, t in enumerate(r.tokens))
+        ref = teacher_forced(engine, prompt, r.tokens, 1.3, 1.0, 3)
+        assert (ref - torch.tensor(r.logprobs)).abs().max().item() <= 1e-5
         await engine.close()
 
     asyncio.run(main())

@@ -23,12 +23,15 @@ class SamplingParams:
     top_p: float = 1.0
     max_tokens: int = 16
     stop_token_ids: tuple[int, ...] = ()
+    top_k: int = 0  # 0: no top-k (see astraflow/sampling.py for the distribution these define)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be at least 0 (0: off), got {self.top_k}")
 
 
 @dataclass
@@ -56,8 +59,10 @@ class Engine(Protocol):
 
     async def update_weights(self, state: Mapping[str, torch.Tensor], version: int,
                              source: str | None = None) -> None:
-        """Load new weights between decode steps; tokens after it carry `version`. `source` is a
-        checkpoint directory for engines that load from disk (SGLang)."""
+        """Load new weights between decode steps. A token's version is the oldest version that
+        influenced it (its KV cache included), so tokens of a request that began before the update
+        keep the older version. `source` is a checkpoint directory for engines that load from disk
+        (SGLang)."""
 
     async def close(self) -> None:
         """Abort what is in flight and release resources."""

@@ -10,6 +10,15 @@ Shapes (SGLang `srt/entrypoints/http_server.py` and `srt/managers/io_struct.py`)
 - `POST /pause_generation` {mode: in_place} and `POST /continue_generation` {} around an update,
   when the server offers them (a 404 turns the feature off for this client).
 
+Log-probs: SGLang's `output_token_logprobs` are log softmax(logits / temperature) of the sampling
+step (`srt/layers/sampler.py`; top-p and top-k are applied when drawing, not to the returned
+log-probs: their renormalisation there is commented out over a flashinfer numerical issue). That is
+`astraflow.sampling.sampling_logprobs`, the trainer's distribution, only with top_p 1 and top_k 0, so
+this engine refuses requests with either (and a recipe naming the sglang engine refuses them at load).
+Two server settings would break the agreement silently and must stay off: the environment variable
+SGLANG_RETURN_ORIGINAL_LOGPROB (log-probs before temperature) and penalties or logit biases (not sent).
+Greedy requests (temperature 0) get log softmax(logits), which no recipe trains on.
+
 Versions: SGLang reports no per-token weight version, so every token of a request is stamped with the
 version the client knew when the request was sent, unless an update completed while it ran, in which
 case the older one is kept: staleness is over- rather than under-estimated.
@@ -78,6 +87,9 @@ class SGLangEngine:
             return resp.status, data
 
     async def generate(self, prompt: Sequence[int], params: SamplingParams) -> GenResult:
+        if params.top_p < 1.0 or params.top_k > 0:
+            raise SGLangError(f"the sglang engine cannot sample with top_p {params.top_p} / top_k {params.top_k}: "
+                              "SGLang returns log-probs without their renormalisation (see the module docstring)")
         body = {
             "input_ids": [int(t) for t in prompt],
             "sampling_params": {

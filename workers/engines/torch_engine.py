@@ -2,10 +2,18 @@
 
 Episodes (asyncio tasks of the worker) submit requests; one engine thread gathers whatever is
 pending into a batch (a "wave"), prefills it left-padded, then decodes all rows together, dropping
-rows from the KV cache as they finish. Between two decode steps it applies pending weight updates, so
-one trajectory may span several versions; every token records the version whose forward pass
-produced its distribution, and the log-prob of the distribution it was drawn from (temperature and
-top-p applied, see `sampling.py`). CPU or CUDA, float32 or bfloat16 (log-probs are computed in float32).
+rows from the KV cache as they finish. Every token records the log-prob of the distribution it was
+drawn from (temperature, top-p and top-k applied: `astraflow/sampling.py`, the function the trainer
+uses too). CPU or CUDA, float32 or bfloat16 (log-probs are computed in float32).
+
+Versions under in-flight updates: between two decode steps the engine applies pending weight
+updates, but it keeps the wave's KV cache, which earlier weights computed. A token is therefore
+stamped with the *oldest* version that influenced it: the minimum over the versions of every forward
+pass of its wave so far (prefill included), not the version of the last pass. After a swap the rest
+of a running wave keeps the old stamp; the next wave starts clean on the new version. This is cheap
+(no re-prefill) and honest: staleness is never under-counted, so `max_staleness: 0` drops the samples
+holding such tokens instead of training on a behaviour distribution that no single version defines. Re-prefilling on a
+swap would keep those tokens but cost a full prefill of every running row per update.
 """
 
 from __future__ import annotations
@@ -21,8 +29,9 @@ from typing import Any
 import torch
 
 from astraflow.errors import AstraFlowError
+from astraflow.sampling import sampling_logprobs
 from workers.engines.base import GenResult, SamplingParams
-from workers.engines.sampling import sample, sampling_logprobs
+from workers.engines.sampling import sample
 
 log = logging.getLogger(__name__)
 
@@ -230,12 +239,13 @@ class TorchEngine:
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         temps = torch.tensor([r.params.temperature for r in rows], device=dev)
         tops = torch.tensor([r.params.top_p for r in rows], device=dev)
+        topks = torch.tensor([r.params.top_k for r in rows], device=dev)
         cache = DynamicCache()
         logits = self._forward(ids, mask, pos, cache)
-        version = self._version
+        version = self._version  # the oldest version in this wave's KV cache (see the module docstring)
         last_pos = pos[:, -1]
         while True:
-            logp = sampling_logprobs(logits, temps, tops)
+            logp = sampling_logprobs(logits, temps, tops, topks)
             tokens, lps = sample(logp, self.generator)
             tok_list, lp_list = tokens.tolist(), lps.tolist()
             keep: list[int] = []
@@ -262,8 +272,10 @@ class TorchEngine:
                 cache.batch_select_indices(idx)
                 rows = [rows[i] for i in keep]
                 budget = [budget[i] for i in keep]
-                tokens, mask, last_pos, temps, tops = (t[idx] for t in (tokens, mask, last_pos, temps, tops))
+                tokens, mask, last_pos, temps, tops, topks = (
+                    t[idx] for t in (tokens, mask, last_pos, temps, tops, topks)
+                )
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             last_pos = last_pos + 1
             logits = self._forward(tokens.unsqueeze(-1), mask, last_pos.unsqueeze(-1), cache)
-            version = self._version
+            version = min(version, self._version)

@@ -66,6 +66,7 @@ class EpisodeContext:
     engines: dict[str, Engine]
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
     rng: random.Random = field(default_factory=random.Random)
     timings: dict[str, float] = field(default_factory=lambda: {"generate_s": 0.0, "env_s": 0.0})
     generated_tokens: int = 0
@@ -86,8 +87,8 @@ class EpisodeContext:
         engine = self.engines.get(policy)
         if engine is None:
             raise ValueError(f"no engine serves policy {policy!r} in this worker")
-        params = SamplingParams(temperature=self.temperature, top_p=self.top_p, max_tokens=max_tokens,
-                                stop_token_ids=tuple(stop_token_ids))
+        params = SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                                max_tokens=max_tokens, stop_token_ids=tuple(stop_token_ids))
         start = time.monotonic()
         result = await engine.generate(view.tokens, params)
         self.timings["generate_s"] += time.monotonic() - start
