@@ -1,0 +1,90 @@
+"""Kernel isolation of the sandbox child with bubblewrap (`bwrap`, Debian package `bubblewrap`).
+
+The child sees a new, read-only root holding only what `python -I -S` needs (the interpreter's
+prefix and the shared libraries, read-only; no /etc, no /proc, no /tmp, no home of the worker),
+a 16 MB tmpfs as its home and working directory, minimal /dev, and no environment but LANG. It gets
+its own network (only a loopback), pid, IPC and UTS namespaces, a new session, and no capabilities
+but CAP_SETUID/CAP_SETGID when the worker runs as root (the harness uses them to become `nobody`
+at once, which clears every capability; its process count is then limited by RLIMIT_NPROC). bwrap
+sets no_new_privs, so no setuid program can give privileges back, and `--die-with-parent` plus the
+pid namespace mean that killing bwrap ends every process the program started. Seccomp is not used.
+
+Whether bwrap works is probed once per worker process (the same command, running `pass`). Where it
+does not (bwrap missing, or a container that forbids namespaces: Docker's default seccomp and
+AppArmor profiles refuse them), the sandbox falls back to the unisolated child (rlimits, a temp
+directory, the audit hook) and says so: one loud warning in the log, and `isolation="none"` on every
+result. Docker needs `--security-opt seccomp=unconfined --security-opt apparmor=unconfined` (or a
+seccomp profile that allows clone/unshare with namespace flags) for the worker's container to use
+bwrap as its non-root user, and unprivileged user namespaces enabled on the host; no extra
+capability is needed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+HOME = "/home/sandbox"
+HARNESS_AT = "/opt/astraflow/sandbox_harness.py"
+TMPFS_BYTES = 16 << 20
+LIB_DIRS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/lib32")
+
+_probed: dict[str, str | None] = {}
+
+
+def python() -> str:
+    """The real interpreter (not a venv's symlink): run with -I -S it needs only its own prefix."""
+    return os.path.realpath(sys.executable)
+
+
+def bwrap_argv(harness: Path) -> list[str]:
+    """The bwrap command line that runs `harness` under the interpreter, before the harness's own args."""
+    exe = python()
+    argv = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
+            "--setenv", "LANG", "C.UTF-8"]
+    if os.getuid() == 0:
+        argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        argv += ["--unshare-user", "--disable-userns"]
+    for d in LIB_DIRS:
+        if os.path.islink(d):
+            argv += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            argv += ["--ro-bind", d, d]
+    prefix = os.path.realpath(sys.base_prefix)
+    argv += ["--ro-bind", prefix, prefix]
+    if not exe.startswith(prefix + os.sep):
+        argv += ["--ro-bind", exe, exe]
+    argv += ["--ro-bind", str(harness), HARNESS_AT, "--dev", "/dev",
+             "--perms", "0777", "--size", str(TMPFS_BYTES), "--tmpfs", HOME, "--chdir", HOME,
+             "--remount-ro", "/", exe, "-I", "-S"]
+    return argv
+
+
+def probe(harness: Path) -> str | None:
+    """None when bwrap can run the interpreter here, else why not (probed once per process)."""
+    if "result" in _probed:
+        return _probed["result"]
+    why: str | None
+    if shutil.which("bwrap") is None:
+        why = "bwrap is not installed (apt-get install bubblewrap)"
+    else:
+        try:
+            done = subprocess.run([*bwrap_argv(harness), "-c", "pass"], capture_output=True, timeout=30)
+            why = None if done.returncode == 0 else done.stderr.decode("utf-8", "replace").strip()[:300]
+            why = why if why is None else f"bwrap cannot create the sandbox: {why or done.returncode}"
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            why = f"bwrap cannot run: {exc}"
+    if why is not None:
+        log.warning("SANDBOX NOT ISOLATED: %s. Untrusted code runs with rlimits and an audit hook only "
+                    "(no mount, pid or network namespace); every result says isolation='none'. "
+                    "See workers/envs/sandbox_isolation.py for what the container needs.", why)
+    _probed["result"] = why
+    return why
