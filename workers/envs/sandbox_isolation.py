@@ -59,9 +59,13 @@ def bwrap_argv(harness: Path) -> list[str]:
         elif os.path.isdir(d):
             argv += ["--ro-bind", d, d]
     prefix = os.path.realpath(sys.base_prefix)
-    argv += ["--ro-bind", prefix, prefix]
-    if not exe.startswith(prefix + os.sep):
-        argv += ["--ro-bind", exe, exe]
+    binds = [prefix] if exe.startswith(prefix + os.sep) else [prefix, exe]
+    for path in binds:
+        # bwrap would make the missing parents (/root for a pyenv) 0700, which the uid nobody
+        # cannot pass: imports after the uid drop would fail
+        for parent in reversed(Path(path).parents[:-1]):
+            argv += ["--perms", "0755", "--dir", str(parent)]
+        argv += ["--ro-bind", path, path]
     argv += ["--ro-bind", str(harness), HARNESS_AT, "--dev", "/dev",
              "--perms", "0777", "--size", str(TMPFS_BYTES), "--tmpfs", HOME, "--chdir", HOME,
              "--remount-ro", "/", exe, "-I", "-S"]

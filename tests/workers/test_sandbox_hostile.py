@@ -1,0 +1,166 @@
+"""The hostile corpus (`sandbox_hostile.py`) against the code sandbox: 0 forged rewards, 0 escapes.
+
+Each program must score 0 with a reason, the worker-side `run_tests` must then still give an honest
+program full marks, and nothing may show outside: the outside directory holds exactly what the
+test put there, the victim file keeps its content and mode, nobody connected to the listening
+sockets, and the secret in the worker's environment appears in no reason. With `isolation="bwrap"`
+the run fails (no fallback) where bubblewrap cannot isolate: `make test` installs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import socket
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.workers.sandbox_hostile import CORPUS, Hostile
+from workers.envs.sandbox import Limits, SandboxResult, run_tests
+
+TESTS = [[[1], 2], [[5], 6]]
+LIMITS = Limits(cpu_s=1.0, memory_mb=256, wall_s=3.0)
+HONEST = "def f(x):\n    return x + 1\n"
+SECRET_VAR = "ASTRAFLOW_TEST_SANDBOX_SECRET"
+
+
+@dataclass
+class Outside:
+    dir: Path
+    tcp: socket.socket
+    unix: socket.socket
+    secret: str
+    victim_text: str
+
+    def fill(self, source: str) -> str:
+        return (source.replace("OUTSIDE", str(self.dir)).replace("UNIX_SOCK", str(self.dir / "sock"))
+                .replace("PORT", str(self.tcp.getsockname()[1])).replace("SECRET_VAR", SECRET_VAR))
+
+    def assert_untouched(self) -> None:
+        assert sorted(os.listdir(self.dir)) == ["sock", "victim.txt"]
+        victim = self.dir / "victim.txt"
+        assert victim.read_text() == self.victim_text
+        assert stat.S_IMODE(victim.stat().st_mode) == 0o666
+        for listener in (self.tcp, self.unix):
+            with pytest.raises(BlockingIOError):
+                listener.accept()
+
+
+@pytest.fixture
+def outside(monkeypatch: pytest.MonkeyPatch) -> Iterator[Outside]:
+    # Under /tmp and world-writable, so that only the sandbox (not the test's own 0700 tmp_path, nor
+    # the uid nobody) stands between a program and these files.
+    path = Path(tempfile.mkdtemp(prefix="astraflow-outside-", dir="/tmp"))
+    path.chmod(0o777)
+    secret = secrets.token_hex(12)
+    monkeypatch.setenv(SECRET_VAR, secret)
+    victim_text = f"{SECRET_VAR}={secret}\n"
+    (path / "victim.txt").write_text(victim_text)
+    (path / "victim.txt").chmod(0o666)
+    tcp = socket.create_server(("127.0.0.1", 0))
+    tcp.setblocking(False)
+    unix = socket.socket(socket.AF_UNIX)
+    unix.bind(str(path / "sock"))
+    (path / "sock").chmod(0o777)
+    unix.listen()
+    unix.setblocking(False)
+    try:
+        yield Outside(path, tcp, unix, secret, victim_text)
+    finally:
+        tcp.close()
+        unix.close()
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def run(source: str, isolation: str) -> SandboxResult:
+    return asyncio.run(run_tests(source, "f", TESTS, LIMITS, isolation))  # type: ignore[arg-type]
+
+
+def check(case: Hostile, outside: Outside, isolation: str) -> None:
+    result = run(outside.fill(case.source), isolation)
+    assert result.isolation == ("bwrap" if isolation == "bwrap" else "none"), result
+    assert (result.passed, result.score) == (0, 0.0), result
+    assert result.reason, result
+    assert outside.secret not in result.reason
+    assert "isolation required" not in result.reason
+    outside.assert_untouched()
+    honest = run(HONEST, isolation)
+    assert (honest.passed, honest.total, honest.reason) == (2, 2, None), honest
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=[c.name for c in CORPUS])
+def test_hostile_program_gains_nothing_in_bubblewrap(case: Hostile, outside: Outside) -> None:
+    check(case, outside, "bwrap")
+
+
+FALLBACK = [c for c in CORPUS if not c.kernel_only]
+
+
+@pytest.mark.parametrize("case", FALLBACK, ids=[c.name for c in FALLBACK])
+def test_hostile_program_gains_nothing_unisolated(case: Hostile, outside: Outside) -> None:
+    check(case, outside, "none")
+
+
+def test_the_corpus_is_big_and_its_leak_channel_works(outside: Outside) -> None:
+    assert len(CORPUS) >= 25 and len({c.name for c in CORPUS}) == len(CORPUS)
+    # The secret-hunting programs report what they find in the reason: show that this channel works,
+    # so that a secret missing from the reason means it was not found, not that it was lost.
+    leaked = run(outside.fill(CORPUS[-1].source.replace("OUTSIDE/victim.txt", "mine.txt")
+                              .replace("def f(x):", f"open('mine.txt', 'w').write('{SECRET_VAR}=abc')\n"
+                                       "def f(x):", 1)), "bwrap")
+    assert leaked.passed == 0 and f"LEAK:{SECRET_VAR}=abc" in (leaked.reason or ""), leaked
+
+
+WALLS = r"""
+import json, os, socket, sys, _posixsubprocess
+seen = {"pid": os.getpid(), "root": sorted(os.listdir('/')), "env": dict(os.environ), "cwd": os.getcwd()}
+def attempt(name, fn):
+    try:
+        fn()
+        seen[name] = "done"
+    except OSError as exc:
+        seen[name] = type(exc).__name__
+attempt("write_outside", lambda: open(sys.argv[1] + '/walls.txt', 'w').write('pwned'))
+attempt("write_root", lambda: open('/pwned', 'w').write('pwned'))
+attempt("write_home", lambda: open('mine.txt', 'w').write('fine'))
+attempt("fill_home", lambda: open('big', 'wb').write(b'x' * (64 << 20)))
+attempt("tcp", lambda: socket.create_connection(('127.0.0.1', int(sys.argv[2])), timeout=1))
+attempt("unix", lambda: socket.socket(socket.AF_UNIX).connect(sys.argv[1] + '/sock'))
+attempt("proc", lambda: open('/proc/1/environ', 'rb').read())
+def shell():  # fork_exec returns a pid even when the exec fails: look for the effect
+    pid = _posixsubprocess.fork_exec(
+        [b'/bin/sh', b'-c', b'echo x > shell.txt'], [b'/bin/sh'], True, (), None, None, -1, -1, -1, -1,
+        -1, -1, *os.pipe(), False, False, -1, None, None, None, -1, None, False)
+    os.waitpid(pid, 0)
+    open('shell.txt').close()
+attempt("shell", shell)
+print(json.dumps(seen))
+"""
+
+
+def test_bubblewrap_walls_hold_without_the_audit_hook(outside: Outside) -> None:
+    """The kernel's walls alone (no harness, no audit hook, not even the uid drop) stop the escapes."""
+    from workers.envs.sandbox import HARNESS
+    from workers.envs.sandbox_isolation import bwrap_argv, probe
+
+    assert probe(HARNESS) is None, probe(HARNESS)
+    done = subprocess.run([*bwrap_argv(HARNESS), "-c", WALLS, str(outside.dir),
+                           str(outside.tcp.getsockname()[1])], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["pid"] <= 3  # its own pid namespace: bwrap's reaper is 1
+    assert not {"proc", "tmp", "etc", "work"} & set(seen["root"]), seen["root"]
+    assert seen["env"] == {"LANG": "C.UTF-8", "PWD": seen["cwd"]}
+    assert seen["write_home"] == "done"
+    for escape in ("write_outside", "write_root", "fill_home", "tcp", "unix", "proc", "shell"):
+        assert seen[escape] != "done", (escape, seen)
+    outside.assert_untouched()
