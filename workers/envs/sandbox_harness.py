@@ -32,7 +32,7 @@ BLOCKED_EVENTS = ("os.fork", "os.forkpty", "os.system", "os.exec", "os.spawn", "
 PRELOAD = ("math", "re", "itertools", "functools", "collections", "heapq", "bisect", "string", "random",
            "operator", "time", "socket", "subprocess", "multiprocessing", "threading", "encodings.idna")
 # Native modules that reach the kernel without an audit event: importing them ends the run.
-UNAUDITED = ("_posixsubprocess", "_ctypes", "_socket", "_multiprocessing", "_posixshmem")
+UNAUDITED = ("_posixsubprocess", "_ctypes", "_posixshmem")
 PATH_EVENTS = ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.symlink",
                "os.link", "os.truncate", "os.utime", "shutil.rmtree", "os.chdir", "os.chflags",
                "os.listxattr", "os.setxattr", "os.removexattr")
@@ -82,14 +82,18 @@ def drop_privileges():
 
 
 def disarm_unaudited():
-    """Drop the preloaded references to native modules whose calls raise no audit event."""
-    import subprocess
+    """Put a stub in the place of `_posixsubprocess`, whose fork_exec raises no audit event.
 
-    def refused(*args, **kwargs):
+    `subprocess` and `multiprocessing` import the stub (then meet their own audit events); the real
+    module is never loaded, and importing it anew (after deleting the stub) meets the audit hook.
+    """
+    def fork_exec(*args, **kwargs):
         raise PermissionError("blocked: _posixsubprocess.fork_exec")
 
-    subprocess._fork_exec = refused
-    for name in UNAUDITED:
+    stub = type(sys)("_posixsubprocess")
+    stub.fork_exec = fork_exec
+    sys.modules["_posixsubprocess"] = stub
+    for name in UNAUDITED[1:]:
         sys.modules.pop(name, None)
 
 
@@ -147,13 +151,16 @@ def main():
             if event in ("os.rename", "os.link", "os.symlink") and len(args) > 1 and not inside(args[1]):
                 violation(f"{event} outside the sandbox directory ({args[1]!r})")
 
-    # The interpreter's files may be unreadable once the uid is dropped: import what solutions may
-    # use now (and socket/subprocess too, so that using them meets the audit hook, not an ImportError).
-    for name in PRELOAD:
+    isolated = job.get("isolated", False)
+    disarm_unaudited()
+    # Unisolated, the interpreter's files may be unreadable once the uid is dropped: import what
+    # solutions may use now (and socket/subprocess too, so that using them meets the audit hook, not
+    # an ImportError). In bubblewrap they stay readable, and not importing them saves ~30 ms a run.
+    for name in () if isolated else PRELOAD:
         with contextlib.suppress(ImportError):
             __import__(name)
-    network = leave_network(job.get("isolated", False))
-    disarm_unaudited()
+    network = leave_network(isolated)
+    sys.modules.pop("_ctypes", None)  # leave_network's: ctypes itself stays, and its calls are audited
     set_limits(job["limits"])
     drop_privileges()
     null = os.open(os.devnull, os.O_WRONLY)
