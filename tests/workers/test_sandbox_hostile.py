@@ -18,6 +18,7 @@ import socket
 import stat
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,3 +165,28 @@ def test_bubblewrap_walls_hold_without_the_audit_hook(outside: Outside) -> None:
     for escape in ("write_outside", "write_root", "fill_home", "tcp", "unix", "proc", "shell"):
         assert seen[escape] != "done", (escape, seen)
     outside.assert_untouched()
+
+
+def test_killing_bwrap_ends_every_process_inside() -> None:
+    """What the wall-clock kill relies on: a process the program forked (no audit hook here) dies with bwrap."""
+    from workers.envs.sandbox import HARNESS
+    from workers.envs.sandbox_isolation import bwrap_argv
+
+    marker = f"astraflow-orphan-{secrets.token_hex(6)}"
+    script = f"# {marker}\nimport os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n" \
+             "print('forked', flush=True)\ntime.sleep(60)\n"
+    proc = subprocess.Popen([*bwrap_argv(HARNESS), "-c", script], stdout=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"forked\n"
+        alive = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+        assert len(alive) >= 3  # bwrap, the program and its own-session child
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+    for _ in range(50):
+        left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+        if not left:
+            break
+        time.sleep(0.1)
+    assert left == []
