@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import platform
 import secrets
 import shutil
 import socket
@@ -144,24 +145,41 @@ def shell():  # fork_exec returns a pid even when the exec fails: look for the e
     os.waitpid(pid, 0)
     open('shell.txt').close()
 attempt("shell", shell)
+import ctypes  # the seccomp filter (x86-64): no new namespaces, no ptrace, no sockets but AF_UNIX
+libc = ctypes.CDLL(None, use_errno=True)
+seen["unshare_userns"] = libc.unshare(0x10000000) == 0 or ctypes.get_errno()
+seen["ptrace"] = libc.ptrace(16, 1, 0, 0) == 0 or ctypes.get_errno()  # PTRACE_ATTACH to pid 1
+attempt("netlink", lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM))
+attempt("socketpair", lambda: socket.socketpair())
 print(json.dumps(seen))
 """
 
 
 def test_bubblewrap_walls_hold_without_the_audit_hook(outside: Outside) -> None:
-    """The kernel's walls alone (no harness, no audit hook, not even the uid drop) stop the escapes."""
+    """The kernel's walls alone (no harness, no audit hook, not even the uid drop) stop the escapes.
+
+    Here the program is root inside bwrap (with only CAP_SETUID/SETGID, or in a user namespace)."""
     from workers.envs.sandbox import HARNESS
-    from workers.envs.sandbox_isolation import bwrap_argv, probe
+    from workers.envs.sandbox_isolation import bwrap_argv, probe, seccomp_fd
 
     assert probe(HARNESS) is None, probe(HARNESS)
-    done = subprocess.run([*bwrap_argv(HARNESS), "-c", WALLS, str(outside.dir),
-                           str(outside.tcp.getsockname()[1])], capture_output=True, text=True, timeout=30)
+    fd = seccomp_fd()
+    assert fd is not None or platform.machine() != "x86_64"
+    try:
+        done = subprocess.run([*bwrap_argv(HARNESS, fd), "-c", WALLS, str(outside.dir),
+                               str(outside.tcp.getsockname()[1])], capture_output=True, text=True, timeout=30,
+                              pass_fds=() if fd is None else (fd,))
+    finally:
+        if fd is not None:
+            os.close(fd)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
     assert seen["pid"] <= 3  # its own pid namespace: bwrap's reaper is 1
     assert not {"proc", "tmp", "etc", "work"} & set(seen["root"]), seen["root"]
     assert seen["env"] == {"LANG": "C.UTF-8", "PWD": seen["cwd"]}
-    assert seen["write_home"] == "done"
+    assert seen["write_home"] == "done" and seen["socketpair"] == "done"
+    if fd is not None:
+        assert (seen["unshare_userns"], seen["ptrace"], seen["netlink"]) == (1, 1, "PermissionError"), seen
     for escape in ("write_outside", "write_root", "fill_home", "tcp", "unix", "proc", "shell"):
         assert seen[escape] != "done", (escape, seen)
     outside.assert_untouched()

@@ -2,7 +2,8 @@
 
 Defence in depth, because the code is untrusted, and the untrusted process is never trusted to judge:
 - isolation (`sandbox_isolation.py`): bubblewrap gives the child a read-only root with only the
-  interpreter, a tmpfs home, no network, its own pid/IPC/UTS namespaces and no capabilities; where
+  interpreter, a tmpfs home, no network, its own pid/IPC/UTS namespaces, no capabilities and (on
+  x86-64) a seccomp filter; where
   bwrap cannot run, a loud warning and `isolation="none"` on the result, and the child runs as before
   (a temporary directory, an empty environment, a new session);
 - inside the child (`sandbox_harness.py`): rlimits on CPU time, address space, file size, open files
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from workers.envs.sandbox_isolation import HARNESS_AT, bwrap_argv, probe, python
+from workers.envs.sandbox_isolation import HARNESS_AT, bwrap_argv, probe, python, seccomp_fd
 from workers.envs.sandbox_judge import judge, plain
 
 HARNESS = Path(__file__).with_name("sandbox_harness.py")
@@ -100,18 +101,23 @@ async def run_tests(source: str, func: str, tests: list[list[Any]], limits: Limi
                           "limits": {"cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb,
                                      "fsize_mb": limits.fsize_mb, "nofile": limits.nofile,
                                      "nproc": limits.nproc}}).encode()
+        fd = seccomp_fd() if isolated else None
         if isolated:
-            argv, cwd = [*bwrap_argv(HARNESS), HARNESS_AT], None
+            argv, cwd = [*bwrap_argv(HARNESS, fd), HARNESS_AT], None
         else:
             assert home is not None
             if os.getuid() == 0:
                 os.chown(home, NOBODY, NOBODY)
             os.chmod(home, 0o700)
             argv, cwd = [python(), "-I", "-S", str(HARNESS)], home
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL, cwd=cwd, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-            start_new_session=True)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL, cwd=cwd, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                start_new_session=True, pass_fds=() if fd is None else (fd,))
+        finally:
+            if fd is not None:
+                os.close(fd)
         assert proc.stdin is not None and proc.stdout is not None
         timed_out = False
         try:

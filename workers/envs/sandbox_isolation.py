@@ -7,7 +7,9 @@ its own network (only a loopback), pid, IPC and UTS namespaces, a new session, a
 but CAP_SETUID/CAP_SETGID when the worker runs as root (the harness uses them to become `nobody`
 at once, which clears every capability; its process count is then limited by RLIMIT_NPROC). bwrap
 sets no_new_privs, so no setuid program can give privileges back, and `--die-with-parent` plus the
-pid namespace mean that killing bwrap ends every process the program started. Seccomp is not used.
+pid namespace mean that killing bwrap ends every process the program started. On x86-64 a seccomp
+filter (`sandbox_seccomp.py`) also denies namespaces, mounts, ptrace, keyrings, BPF, io_uring and
+non-unix sockets.
 
 Whether bwrap works is probed once per worker process (the same command, running `pass`). Where it
 does not (bwrap missing, or a container that forbids namespaces: Docker's default seccomp and
@@ -28,6 +30,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from workers.envs.sandbox_seccomp import program
+
 log = logging.getLogger(__name__)
 
 HOME = "/home/sandbox"
@@ -43,8 +47,22 @@ def python() -> str:
     return os.path.realpath(sys.executable)
 
 
-def bwrap_argv(harness: Path) -> list[str]:
-    """The bwrap command line that runs `harness` under the interpreter, before the harness's own args."""
+def seccomp_fd() -> int | None:
+    """A pipe's read end holding the seccomp filter, for bwrap's --seccomp; the caller closes it."""
+    prog = program()
+    if prog is None:
+        return None
+    r, w = os.pipe()
+    os.write(w, prog)  # a few hundred bytes: the pipe holds them
+    os.close(w)
+    return r
+
+
+def bwrap_argv(harness: Path, seccomp: int | None = None) -> list[str]:
+    """The bwrap command line that runs the interpreter (`-I -S`), before the harness's own args.
+
+    `seccomp`: a descriptor holding the filter (`seccomp_fd()`), to be passed to the process.
+    """
     exe = python()
     argv = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
@@ -66,6 +84,8 @@ def bwrap_argv(harness: Path) -> list[str]:
         for parent in reversed(Path(path).parents[:-1]):
             argv += ["--perms", "0755", "--dir", str(parent)]
         argv += ["--ro-bind", path, path]
+    if seccomp is not None:
+        argv += ["--seccomp", str(seccomp)]
     argv += ["--ro-bind", str(harness), HARNESS_AT, "--dev", "/dev",
              "--perms", "0777", "--size", str(TMPFS_BYTES), "--tmpfs", HOME, "--chdir", HOME,
              "--remount-ro", "/", exe, "-I", "-S"]
@@ -80,12 +100,17 @@ def probe(harness: Path) -> str | None:
     if shutil.which("bwrap") is None:
         why = "bwrap is not installed (apt-get install bubblewrap)"
     else:
+        fd = seccomp_fd()
         try:
-            done = subprocess.run([*bwrap_argv(harness), "-c", "pass"], capture_output=True, timeout=30)
+            done = subprocess.run([*bwrap_argv(harness, fd), "-c", "pass"], capture_output=True, timeout=30,
+                                  pass_fds=() if fd is None else (fd,))
             why = None if done.returncode == 0 else done.stderr.decode("utf-8", "replace").strip()[:300]
             why = why if why is None else f"bwrap cannot create the sandbox: {why or done.returncode}"
         except (OSError, subprocess.TimeoutExpired) as exc:
             why = f"bwrap cannot run: {exc}"
+        finally:
+            if fd is not None:
+                os.close(fd)
     if why is not None:
         log.warning("SANDBOX NOT ISOLATED: %s. Untrusted code runs with rlimits and an audit hook only "
                     "(no mount, pid or network namespace); every result says isolation='none'. "
