@@ -140,3 +140,17 @@ def test_bwrap_isolates_here() -> None:
     """`make test` installs bubblewrap; on this machine the sandbox must be isolated, not fall back."""
     result = run("def f(x):\n    return x + 1\n")
     assert (result.passed, result.isolation, result.network) == (2, "bwrap", "netns"), result
+
+
+def test_bwrap_without_namespaces_falls_back(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    """As in a Docker container with the default seccomp profile: bwrap is there but cannot unshare."""
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(sandbox_isolation, "_probed", {})
+    caplog.set_level(logging.WARNING, logger=sandbox_isolation.__name__)
+    result = run("def f(x):\n    return x + 1\n")
+    assert (result.passed, result.isolation) == (2, "none")
+    assert "No permissions to create new namespace" in caplog.text and "SANDBOX NOT ISOLATED" in caplog.text
