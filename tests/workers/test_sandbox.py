@@ -98,7 +98,7 @@ def test_judge_counts_exact_results() -> None:
     assert judge(lines({"r": 2}, {"r": 6}), [2, 6], 1000) == Verdict(2, True, None)
     assert judge(lines({"r": True}, {"r": 6.0}), [1, 6], 1000).passed == 0
     unjudgeable = judge(lines({"x": "Int"}, {"r": 6}), [2, 6], 1000)
-    assert unjudgeable == Verdict(1, True, "test 0: got a Int, not a plain JSON value, expected 2")
+    assert unjudgeable == Verdict(1, True, "test 0: got a value of type Int, not a plain JSON value, expected 2")
     stopped = judge(lines({"r": 2}, {"e": "ValueError: no"}), [2, 6], 1000)
     assert stopped == Verdict(1, True, "ValueError: no")
     assert judge(lines({"r": 2}), [2, 6], 1000) == Verdict(1, False, None)  # died before the end

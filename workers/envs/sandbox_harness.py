@@ -11,8 +11,10 @@ Before the untrusted code runs it: leaves the network (a new network namespace w
 not already give it one and the kernel allows it), sets resource limits (CPU time, address space,
 file size, open files, processes, no core dumps), drops to an unprivileged uid when it runs as root,
 silences stdout/stderr, and installs an audit hook that ends the process on any attempt to fork,
-exec, open sockets, load native code, signal other processes, or write outside its directory. The
-hook is defence in depth: inside bubblewrap the kernel enforces the same walls.
+exec, open sockets, load native code, signal other processes, write outside its directory (also by
+rename, link or a dir_fd), or import a native module that escapes audit events (`_posixsubprocess`
+is replaced by a stub whose fork_exec refuses). The hook is defence in depth: inside bubblewrap the
+kernel enforces the walls.
 """
 
 import contextlib

@@ -87,7 +87,7 @@ def judge(out: bytes, expected: list[Any], limit: int) -> Verdict:
         if key == "r" and same(value, expected[seen]):
             passed += 1
         elif reason is None:
-            got = f"a {value[:40]}, not a plain JSON value" if key == "x" else _short(value)
+            got = f"a value of type {value[:40]}, not a plain JSON value" if key == "x" else _short(value)
             reason = f"test {seen}: got {got}, expected {_short(expected[seen])}"
         seen += 1
     complete = stopped or seen == total
