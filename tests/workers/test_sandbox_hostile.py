@@ -134,6 +134,8 @@ def attempt(name, fn):
 attempt("write_outside", lambda: open(sys.argv[1] + '/walls.txt', 'w').write('pwned'))
 attempt("write_root", lambda: open('/pwned', 'w').write('pwned'))
 attempt("write_home", lambda: open('mine.txt', 'w').write('fine'))
+attempt("write_dev_shm", lambda: open('/dev/shm/unbounded', 'w').write('pwned'))  # a tmpfs without a size
+attempt("write_dev_null", lambda: open('/dev/null', 'w').write('fine'))
 attempt("fill_home", lambda: open('big', 'wb').write(b'x' * (64 << 20)))
 attempt("tcp", lambda: socket.create_connection(('127.0.0.1', int(sys.argv[2])), timeout=1))
 attempt("unix", lambda: socket.socket(socket.AF_UNIX).connect(sys.argv[1] + '/sock'))
@@ -180,7 +182,8 @@ def test_bubblewrap_walls_hold_without_the_audit_hook(outside: Outside) -> None:
     assert seen["write_home"] == "done" and seen["socketpair"] == "done"
     if fd is not None:
         assert (seen["unshare_userns"], seen["ptrace"], seen["netlink"]) == (1, 1, "PermissionError"), seen
-    for escape in ("write_outside", "write_root", "fill_home", "tcp", "unix", "proc", "shell"):
+    assert seen["write_dev_null"] == "done"
+    for escape in ("write_outside", "write_root", "write_dev_shm", "fill_home", "tcp", "unix", "proc", "shell"):
         assert seen[escape] != "done", (escape, seen)
     outside.assert_untouched()
 

@@ -88,7 +88,8 @@ def bwrap_argv(harness: Path, seccomp: int | None = None) -> list[str]:
         argv += ["--seccomp", str(seccomp)]
     argv += ["--ro-bind", str(harness), HARNESS_AT, "--dev", "/dev",
              "--perms", "0777", "--size", str(TMPFS_BYTES), "--tmpfs", HOME, "--chdir", HOME,
-             "--remount-ro", "/", exe, "-I", "-S"]
+             # /dev is a tmpfs of its own, without a size: read-only too (its devices still work)
+             "--remount-ro", "/", "--remount-ro", "/dev", exe, "-I", "-S"]
     return argv
 
 
