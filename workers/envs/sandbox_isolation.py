@@ -2,7 +2,8 @@
 
 The child sees a new, read-only root holding only what `python -I -S` needs (the interpreter's
 prefix and the shared libraries, read-only; no /etc, no /proc, no /tmp, no home of the worker),
-a 16 MB tmpfs as its home and working directory, minimal /dev, and no environment but LANG. It gets
+a 16 MB tmpfs as its home and working directory, a minimal read-only /dev, and no environment but
+LANG. It gets
 its own network (only a loopback), pid, IPC and UTS namespaces, a new session, and no capabilities
 but CAP_SETUID/CAP_SETGID when the worker runs as root (the harness uses them to become `nobody`
 at once, which clears every capability; its process count is then limited by RLIMIT_NPROC). bwrap
@@ -15,10 +16,12 @@ Whether bwrap works is probed once per worker process (the same command, running
 does not (bwrap missing, or a container that forbids namespaces: Docker's default seccomp and
 AppArmor profiles refuse them), the sandbox falls back to the unisolated child (rlimits, a temp
 directory, the audit hook) and says so: one loud warning in the log, and `isolation="none"` on every
-result. Docker needs `--security-opt seccomp=unconfined --security-opt apparmor=unconfined` (or a
-seccomp profile that allows clone/unshare with namespace flags) for the worker's container to use
-bwrap as its non-root user, and unprivileged user namespaces enabled on the host; no extra
-capability is needed.
+result. In Docker, the worker's container should need `--security-opt seccomp=unconfined
+--security-opt apparmor=unconfined` (or profiles that allow clone/unshare with namespace flags and
+mounts) to use bwrap as its non-root user, with unprivileged user namespaces enabled on the host, and
+no added capability: that is bwrap's documented behaviour, not tried here (no Docker engine on the
+machines that ran the tests). The non-root path (bwrap in a user namespace) was tried by hand as
+uid nobody, outside Docker; the tests run as root.
 """
 
 from __future__ import annotations
