@@ -16,7 +16,9 @@ from workers.envs.sandbox import Limits, run_tests
 from workers.envs.sandbox_judge import Verdict, judge, plain, same
 
 TESTS = [[[1], 2], [[5], 6]]
-LIMITS = Limits(cpu_s=1.0, memory_mb=256, wall_s=3.0)
+# 1 s of CPU took up to 2.8 s of wall time on a loaded 2-core host (nice 15): the wall-clock limit
+# must leave room, or a loop is reported as too slow instead of as over its CPU time.
+LIMITS = Limits(cpu_s=1.0, memory_mb=256, wall_s=5.0)
 
 HOSTILE = {
     "loops forever": ("def f(x):\n    while True:\n        pass\n", "CPU time limit"),
