@@ -2,7 +2,8 @@
 # Installs what AstraFlow needs, once per machine, and reuses it afterwards:
 #   - a Python 3.11 virtual environment outside the clone ($ASTRAFLOW_VENV, default
 #     ~/.cache/astraflow/venv), rebuilt only when pyproject.toml or constraints.txt change;
-#   - Java 17+, Maven and kcat from Debian's packages when missing (as root);
+#   - Java 17+, Maven, kcat and bubblewrap (the code sandbox's namespaces) from Debian's packages
+#     when missing (as root);
 #   - the Apache Kafka jars from Maven Central into ~/.cache/astraflow/kafka (and ~/.m2).
 # Prints the venv's path on its last line.
 set -euo pipefail
@@ -18,6 +19,7 @@ need_apt=()
 command -v java >/dev/null 2>&1 || [ -n "${JAVA_HOME:-}" ] || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 command -v kcat >/dev/null 2>&1 || need_apt+=(kcat)
+command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
 # Compose v1 validates docker-compose.yml against the compose schema offline (no Docker engine here).
 command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -114,6 +114,10 @@ def test_code_env_rewards_passing_programs(codec: Any) -> None:
     assert good.reward == 1.0 and not good.info["truncated"]
     bad = asyncio.run(env.step(state, [*codec.ids("x-99999"), codec.eos], codec))
     assert bad.reward < 1.0 and bad.info["reason"]
+    forged = "type('A',(),{'__eq__':lambda s,o:True})()"  # equal to everything: the judge never calls ==
+    cheat = asyncio.run(env.step(state, [*codec.ids(forged), codec.eos], codec))
+    assert cheat.reward == 0.0 and "not a plain JSON value" in cheat.info["reason"]
+    assert good.info["isolation"] == "bwrap"  # `make test` installs bubblewrap
 
 
 def test_referential_views(codec: Any) -> None:

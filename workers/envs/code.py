@@ -2,8 +2,10 @@
 
 Prompt: a one-line spec and the function head (`#f(x)=x*3\ndef f(x):\n return `); the model writes
 the rest of the function until <eos>. The program is the head plus the model's text; the reward is the
-fraction of hidden tests it passes in `workers.envs.sandbox` (CPU, memory and wall-clock limits, no
-network, a temporary directory). Broken, slow or hostile programs score 0, and the reason is kept.
+fraction of hidden tests it passes in `workers.envs.sandbox` (bubblewrap namespaces where available;
+CPU, memory and wall-clock limits, no network, a temporary directory). The sandbox only runs the
+program on the test inputs: the worker compares the results, with exact types, against the expected
+values. Broken, slow, forging or hostile programs score 0, and the reason is kept.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -39,6 +41,9 @@ class CodeEnv(Environment):
         """Address-space limit of the sandbox process."""
         wall_s: float = Field(default=5.0, gt=0, le=300)
         """Wall-clock limit of one test run (the process group is killed after it)."""
+        isolation: Literal["auto", "bwrap", "none"] = "auto"
+        """bubblewrap for the sandbox: "auto" uses it when it works and else runs unisolated with a
+        warning in the log; "bwrap" scores every program 0 where it cannot run; "none" never uses it."""
         judge_latency_s: float = Field(default=0.0, ge=0.0, le=60.0)
         """Simulated latency of a remote judge, added to every test run."""
 
@@ -64,9 +69,9 @@ class CodeEnv(Environment):
     async def step(self, state: Any, action: list[int], codec: Codec) -> Step:
         source = state["head"] + codec.text(action) + "\n"
         limits = Limits(cpu_s=self.args.cpu_s, memory_mb=self.args.memory_mb, wall_s=self.args.wall_s)
-        result = await run_tests(source, state["func"], state["tests"], limits)
+        result = await run_tests(source, state["func"], state["tests"], limits, self.args.isolation)
         if self.args.judge_latency_s:
             await asyncio.sleep(self.args.judge_latency_s)
         return Step(reward=result.score, done=True,
                     info={"passed": result.passed, "total": result.total, "reason": result.reason,
-                          "truncated": codec.eos not in action})
+                          "isolation": result.isolation, "truncated": codec.eos not in action})
