@@ -20,7 +20,7 @@ Metrics (component `trainer`, one Metric per step; sums over the batch unless no
   (mean reward, and share of samples with reward >= trainer.success_threshold, over the batch's groups), batch.groups, batch.samples,
   batch.tokens, loss_tokens, staleness.lag.<k> (samples of this batch at lag k, k < 16; staleness.lag.ge16 for the rest), staleness.mean,
   staleness.dropped (stale samples of this batch), and running totals samples.in,
-  samples.duplicate, samples.stale, groups.trained, deadletter.
+  samples.duplicate, samples.stale, groups.trained, deadletter, wait_s (seconds with no batch).
 """
 
 from __future__ import annotations
@@ -89,6 +89,7 @@ class Trainer:
         self.settings = settings
         self.stop_requested = False
         self.step = self.version = self.batches = self.last_checkpoint = 0
+        self.wait_s = 0.0  # seconds with no batch to train (the scaling advice reads it)
         self.buffer = GroupBuffer(policy, self.cfg.dedupe_window)
         self._setup_model()
 
@@ -186,7 +187,10 @@ class Trainer:
         clean = False
         try:
             while True:
+                started = time.monotonic()
                 batch = self._next_batch() if self.dist.leader else None
+                if batch is None:
+                    self.wait_s += time.monotonic() - started
                 if distributed.agree_stop(self.dist, self.stop_requested or self._done()):
                     break
                 rows = collate(batch.samples, self.tokenizer.pad_token_id) if batch and batch.samples else None
@@ -281,7 +285,7 @@ class Trainer:
                   "batch.samples": len(batch.samples), "batch.tokens": batch.tokens,
                   "staleness.dropped": len(batch.stale),
                   "staleness.mean": sum(batch.lags) / len(batch.lags) if batch.lags else 0.0,
-                  "deadletter": self.dead.count, **{k: float(v) for k, v in self.buffer.counts.items()}}
+                  "deadletter": self.dead.count, "wait_s": self.wait_s, **{k: float(v) for k, v in self.buffer.counts.items()}}
         top = min(self.recipe.max_staleness, STALENESS_BUCKETS - 1)
         values.update({f"staleness.lag.{k}": float(lags.get(k, 0)) for k in range(top + 1)})
         if self.recipe.max_staleness > top:

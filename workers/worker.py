@@ -11,7 +11,7 @@ finish for `worker.drain_timeout_s`, release the rest, flush, commit, close.
 
 Metrics (component `worker`): worker.tokens_per_s, worker.tokens, worker.episodes, worker.trajectories,
 worker.tasks_done, worker.tasks_released, worker.deadletters, worker.episode_errors, worker.in_flight
-(episodes), worker.tasks_in_flight, worker.weights_applied, worker.weights_refused,
+(episodes) and worker.max_episodes (its limit), worker.tasks_in_flight, worker.weights_applied, worker.weights_refused,
 worker.weight_version.<policy>.
 """
 
@@ -262,6 +262,7 @@ class Worker:
         rate = (self.counts["tokens"] - n0) / max(1e-9, now - t0)
         values = {f"worker.{k}": float(v) for k, v in self.counts.items()}
         values.update({"worker.tokens_per_s": rate, "worker.in_flight": float(self.pending_episodes),
+                       "worker.max_episodes": float(self.cfg.max_episodes),
                        "worker.tasks_in_flight": float(len(self.tasks)),
                        "worker.weights_applied": float(self.follower.applied),
                        "worker.weights_refused": float(self.follower.refused)})

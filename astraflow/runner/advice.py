@@ -1,0 +1,214 @@
+"""Scaling advice: what bounds a run, from the waits and lags its components report, in one sentence.
+
+The paper's balance report tells operators what to scale. Here `measure` turns metric rows (the
+records of `metrics.jsonl`, or the collector's history) into a few fractions and rates over a time
+window, and `advise` classifies them; both are pure, so each regime has golden tests.
+
+What is measured (each from cumulative counters, so a missed report loses nothing):
+- trainer wait: share of the window a policy's trainer had no complete batch to train (the trainer's
+  `wait_s`; in older metrics without it, the window minus its steps' compute time, batch.tokens /
+  tokens_per_s per step, which also counts checkpoint and publication time as waiting);
+- feeder blocked: share of the window admission control held the feeder back (`feeder.blocked_s`);
+- workers idle: 1 - in-flight episodes / `max_episodes`, averaged over the workers' reports (a worker
+  takes tasks while it has room, so room left means no task was waiting for it);
+- trajectories backlog growth: records/s by which the streams' consumer lag on `trajectories` grows,
+  from the collector's lag samples, or else the workers' trajectory rate minus the streams' intake.
+
+The regimes, with the busiest trainer (the least waiting; admission follows the slowest trainer):
+- trainer waits little: workers mostly idle -> trainer-bound; otherwise balanced;
+- trainer waits: trajectories backlog grows -> streams-bound; workers busy -> rollout-bound, with
+  the workers that would fill the trainer's idle time; workers idle and feeder held back ->
+  admission-bound (the staleness window holds too few groups for the pipeline's latency); workers
+  idle and the feeder free -> feeder-bound (the task source itself is the limit).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+TRAINER_BUSY_BELOW = 0.25  # a trainer waiting less than this share of the time bounds the run
+WORKERS_IDLE_FROM = 0.5  # workers with at least this much room are short of tasks
+FEEDER_BLOCKED_FROM = 0.5  # a feeder held back at least this share of the time is limited by admission
+BACKLOG_GROWS_FROM = 0.1  # trajectories backlog growing by this share of the workers' output is a bottleneck
+MAX_WAIT_FOR_ESTIMATE = 0.9  # above it the worker estimate is a lower bound ("at least N")
+DEFAULT_MAX_EPISODES = 16  # WorkerConfig.max_episodes, for workers that do not report theirs
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What `advise` reads, measured over `window_s` seconds. None: not measured."""
+
+    window_s: float
+    trainer_wait: dict[str, float] = field(default_factory=dict)  # policy -> share of time waiting for data
+    trainer_steps_per_s: dict[str, float] = field(default_factory=dict)
+    wait_source: str = "wait_s"  # or "step times" (an upper bound: counts publication as waiting)
+    workers: int = 0
+    workers_idle: float | None = None
+    feeder_blocked: float | None = None
+    backlog_growth_per_s: float | None = None  # trajectories not yet read by streams, change per second
+    trajectories_per_s: float | None = None  # what the workers write
+    lag: dict[str, float] = field(default_factory=dict)  # latest consumer lag per stage
+
+
+@dataclass(frozen=True)
+class Advice:
+    regime: str  # trainer-bound, rollout-bound, streams-bound, admission-bound, feeder-bound, balanced, unknown
+    line: str  # the sentence status and the summary print; starts with the regime
+    more_workers: int | None = None  # rollout-bound: about how many more workers would fill the trainer
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"regime": self.regime, "line": self.line, "more_workers": self.more_workers}
+
+
+def advise(obs: Observed) -> Advice:
+    """Classify what bounds the run; see the module docstring."""
+    if not obs.trainer_wait:
+        return Advice("unknown", "unknown: no trainer reported two steps in the window; wait for the run to warm up")
+    policy, wait = min(obs.trainer_wait.items(), key=lambda kv: kv[1])
+    who = f"trainer {policy}" if len(obs.trainer_wait) > 1 else "the trainer"
+    idle, blocked = obs.workers_idle, obs.feeder_blocked
+    waited = f"{who} waited {wait:.0%}" + (" (from step times)" if obs.wait_source != "wait_s" else "")
+    if wait < TRAINER_BUSY_BELOW:
+        if idle is not None and idle >= WORKERS_IDLE_FROM:
+            return Advice("trainer-bound", f"trainer-bound: workers idle {idle:.0%}; {waited}"
+                          + _blocked(blocked) + ". A faster trainer (GPU, more DDP ranks) speeds the run; "
+                          "more workers would not")
+        return Advice("balanced", f"balanced: {waited}, workers idle {_pct(idle)}; "
+                      "scale trainers and workers together")
+    growth, made = obs.backlog_growth_per_s, obs.trajectories_per_s
+    if growth is not None and growth > 0 and (made is None or growth >= BACKLOG_GROWS_FROM * made):
+        now = f" (now {obs.lag['trajectories']:.0f})" if "trajectories" in obs.lag else ""
+        return Advice("streams-bound", f"streams-bound: the trajectories lag grows by {growth:.1f} records/s"
+                      f"{now} while {waited}; run more streams "
+                      "instances (up to the partitions of trajectories) or lighten its stages")
+    if obs.workers == 0:
+        return Advice("rollout-bound", f"rollout-bound: no worker reported while {waited}; start workers")
+    if idle is not None and idle < WORKERS_IDLE_FROM:
+        more, at_least = more_workers(obs.workers, wait)
+        return Advice("rollout-bound", f"rollout-bound: {'at least' if at_least else 'about'} {more} more "
+                      f"worker{'s' if more != 1 else ''} would keep the trainer busy ({waited}, "
+                      f"{obs.workers} workers idle {idle:.0%})", more)
+    if blocked is not None and blocked >= FEEDER_BLOCKED_FROM:
+        return Advice("admission-bound", f"admission-bound: {waited} and workers idle {_pct(idle)} while the "
+                      f"feeder was held back {blocked:.0%}: the staleness window holds too few groups for "
+                      "the pipeline's latency; raise max_staleness or trainer.publish_every")
+    return Advice("feeder-bound", f"feeder-bound: {waited} and workers idle {_pct(idle)} while the feeder "
+                  f"was held back {_pct(blocked)}: the task source is the limit (max_tasks reached, the "
+                  "JSONL ended, or selective rollout skips most tasks)")
+
+
+def more_workers(workers: int, wait: float) -> tuple[int, bool]:
+    """Workers to add so that the trainer never waits. Busy for a share 1 - wait of the time, the
+    trainer could step 1 / (1 - wait) times as fast as the workers' data lets it; the workers
+    deliver in proportion to their number, so `workers / (1 - wait)` of them would keep up.
+    Returns (more, whether that is only a lower bound)."""
+    capped = min(wait, MAX_WAIT_FOR_ESTIMATE)
+    needed = math.ceil(workers / (1.0 - capped) - 1e-9)
+    return max(1, needed - workers), wait > MAX_WAIT_FOR_ESTIMATE
+
+
+def _pct(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0%}"
+
+
+def _blocked(blocked: float | None) -> str:
+    return "" if blocked is None else f", the feeder held back {blocked:.0%}"
+
+
+# ------------------------------------------------------------------------------ measuring
+
+
+def rows_from_history(history: dict[tuple[str, str], list[tuple[int, float, dict[str, float]]]]) -> list[dict[str, Any]]:
+    """The collector's history as metrics.jsonl rows."""
+    return [{"component": c, "id": i, "time": t, "step": s, "values": v}
+            for (c, i), points in history.items() for s, t, v in points]
+
+
+def increase(values: list[float]) -> float:
+    """How much a cumulative counter grew from its first to its last value, across restarts of its
+    process (a restart resets it, so a smaller value counted from 0 again)."""
+    return sum(cur if cur < prev else cur - prev for prev, cur in zip(values, values[1:], strict=False))
+
+
+def measure(rows: list[dict[str, Any]], window_s: float | None = None,
+            max_episodes: int = DEFAULT_MAX_EPISODES, end: float | None = None) -> Observed:
+    """Measure the `window_s` seconds (default: from the first row) that end at `end` (default: the
+    last row). A finished run ends at its trainers' last step: what comes later is shutdown."""
+    if not rows:
+        return Observed(window_s=0.0)
+    end = max(r["time"] for r in rows) if end is None else end
+    start = end - window_s if window_s is not None else min(r["time"] for r in rows)
+    series: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in sorted(rows, key=lambda r: r["time"]):
+        if start <= r["time"] <= end:
+            series[(r["component"], r["id"])].append(r)
+    waits, rates, sources = {}, {}, set()
+    for (component, rid), rs in series.items():
+        steps = [r for r in rs if r["step"] >= 0]
+        if component != "trainer" or len(steps) < 2:
+            continue
+        policy = rid.split(".", 1)[1] if "." in rid else rid
+        waits[policy], source = _trainer_wait(steps, end)
+        sources.add(source)
+        rates[policy] = (steps[-1]["step"] - steps[0]["step"]) / max(1e-9, steps[-1]["time"] - steps[0]["time"])
+    workers = [rs for (c, _), rs in series.items() if c == "worker"]
+    room = [1.0 - min(1.0, r["values"]["worker.in_flight"] / r["values"].get("worker.max_episodes", max_episodes))
+            for rs in workers for r in rs if "worker.in_flight" in r["values"]]
+    feeder = [rs for (c, _), rs in series.items() if c == "feeder"]
+    blocked = [_fraction(rs, "feeder.blocked_s") for rs in feeder]
+    made = _rate_sum(workers, "worker.trajectories")
+    lag_rows = series.get(("collector", "lag"), [])
+    lag = {k.removeprefix("lag."): v for k, v in lag_rows[-1]["values"].items()} if lag_rows else {}
+    growth = None
+    backlog = [r for r in lag_rows if "lag.trajectories" in r["values"]]
+    if len(backlog) >= 2 and backlog[-1]["time"] > backlog[0]["time"]:
+        growth = ((backlog[-1]["values"]["lag.trajectories"] - backlog[0]["values"]["lag.trajectories"])
+                  / (backlog[-1]["time"] - backlog[0]["time"]))
+    if growth is None:
+        taken = _rate_sum([rs for (c, _), rs in series.items() if c == "streams"], "trajectories.in")
+        growth = made - taken if made is not None and taken is not None else None
+    return Observed(
+        window_s=end - start, trainer_wait=waits, trainer_steps_per_s=rates,
+        wait_source="wait_s" if sources <= {"wait_s"} else "step times",
+        workers=len(workers), workers_idle=sum(room) / len(room) if room else None,
+        feeder_blocked=max((b for b in blocked if b is not None), default=None),
+        backlog_growth_per_s=growth, trajectories_per_s=made, lag=lag,
+    )
+
+
+def _trainer_wait(steps: list[dict[str, Any]], end: float) -> tuple[float, str]:
+    """Share of [first report, end] the trainer waited. After its last report it was either in its
+    next step or waiting: the tail beyond one step time counts as waiting."""
+    span = end - steps[0]["time"]
+    busy_per_step = [r["values"]["batch.tokens"] / r["values"]["tokens_per_s"] for r in steps
+                     if r["values"].get("tokens_per_s", 0) > 0 and "batch.tokens" in r["values"]]
+    step_s = sum(busy_per_step) / len(busy_per_step) if busy_per_step else 0.0
+    tail = max(0.0, end - steps[-1]["time"] - step_s)
+    if all("wait_s" in r["values"] for r in steps):
+        waited, source = increase([r["values"]["wait_s"] for r in steps]) + tail, "wait_s"
+    else:
+        trained = (steps[-1]["step"] - steps[0]["step"]) * step_s
+        waited, source = (steps[-1]["time"] - steps[0]["time"]) - trained + tail, "step times"
+    return min(1.0, max(0.0, waited / span)) if span > 0 else 0.0, source
+
+
+def _fraction(rs: list[dict[str, Any]], key: str) -> float | None:
+    """Share of an instance's reporting span that a cumulative seconds counter grew."""
+    points = [r for r in rs if key in r["values"]]
+    if len(points) < 2 or points[-1]["time"] <= points[0]["time"]:
+        return None
+    grown = increase([r["values"][key] for r in points])
+    return min(1.0, max(0.0, grown / (points[-1]["time"] - points[0]["time"])))
+
+
+def _rate_sum(instances: list[list[dict[str, Any]]], key: str) -> float | None:
+    """Summed per-second growth of a cumulative counter over instances (None: none measurable)."""
+    rates = []
+    for rs in instances:
+        points = [r for r in rs if key in r["values"]]
+        if len(points) >= 2 and points[-1]["time"] > points[0]["time"]:
+            rates.append(increase([r["values"][key] for r in points]) / (points[-1]["time"] - points[0]["time"]))
+    return sum(rates) if rates else None
