@@ -9,10 +9,12 @@ What is measured (each from cumulative counters, so a missed report loses nothin
   `wait_s`; in older metrics without it, the window minus its steps' compute time, batch.tokens /
   tokens_per_s per step, which also counts checkpoint and publication time as waiting);
 - feeder blocked: share of the window admission control held the feeder back (`feeder.blocked_s`);
-- workers idle: 1 - in-flight episodes / `max_episodes`, averaged over the workers' reports (a worker
-  takes tasks while it has room, so room left means no task was waiting for it);
+- workers idle: 1 - episodes in flight / `max_episodes`, from `worker.episode_s` (episodes x seconds
+  in flight; older metrics: the `worker.in_flight` samples); a worker takes tasks while it has room,
+  so room left means no task was waiting for it;
 - trajectories backlog growth: records/s by which the streams' consumer lag on `trajectories` grows,
-  from the collector's lag samples, or else the workers' trajectory rate minus the streams' intake.
+  from the collector's lag samples, or else what the workers wrote minus what streams read, over
+  the span in which all of them reported.
 
 The regimes, with the busiest trainer (the least waiting; admission follows the slowest trainer):
 - trainer waits little: workers mostly idle -> trainer-bound; otherwise balanced;
@@ -33,6 +35,8 @@ TRAINER_BUSY_BELOW = 0.25  # a trainer waiting less than this share of the time 
 WORKERS_IDLE_FROM = 0.5  # workers with at least this much room are short of tasks
 FEEDER_BLOCKED_FROM = 0.5  # a feeder held back at least this share of the time is limited by admission
 BACKLOG_GROWS_FROM = 0.1  # trajectories backlog growing by this share of the workers' output is a bottleneck
+BACKLOG_MIN_RECORDS = 32  # and by at least this many records over the window
+MIN_COMMON_SPAN_S = 20.0  # backlog growth from rates needs workers and streams reporting this long together
 MAX_WAIT_FOR_ESTIMATE = 0.9  # above it the worker estimate is a lower bound ("at least N")
 DEFAULT_MAX_EPISODES = 16  # WorkerConfig.max_episodes, for workers that do not report theirs
 
@@ -79,7 +83,8 @@ def advise(obs: Observed) -> Advice:
         return Advice("balanced", f"balanced: {waited}, workers idle {_pct(idle)}; "
                       "scale trainers and workers together")
     growth, made = obs.backlog_growth_per_s, obs.trajectories_per_s
-    if growth is not None and growth > 0 and (made is None or growth >= BACKLOG_GROWS_FROM * made):
+    if (growth is not None and growth * obs.window_s >= BACKLOG_MIN_RECORDS
+            and (made is None or growth >= BACKLOG_GROWS_FROM * made)):
         now = f" (now {obs.lag['trajectories']:.0f})" if "trajectories" in obs.lag else ""
         return Advice("streams-bound", f"streams-bound: the trajectories lag grows by {growth:.1f} records/s"
                       f"{now} while {waited}; run more streams "
@@ -91,12 +96,15 @@ def advise(obs: Observed) -> Advice:
         return Advice("rollout-bound", f"rollout-bound: {'at least' if at_least else 'about'} {more} more "
                       f"worker{'s' if more != 1 else ''} would keep the trainer busy ({waited}, "
                       f"{obs.workers} workers idle {idle:.0%})", more)
-    if blocked is not None and blocked >= FEEDER_BLOCKED_FROM:
+    if blocked is None:
+        return Advice("unknown", f"unknown: {waited} and workers idle {_pct(idle)}, but the feeder has not "
+                      "reported twice: admission or the task source limits the run")
+    if blocked >= FEEDER_BLOCKED_FROM:
         return Advice("admission-bound", f"admission-bound: {waited} and workers idle {_pct(idle)} while the "
                       f"feeder was held back {blocked:.0%}: the staleness window holds too few groups for "
                       "the pipeline's latency; raise max_staleness or trainer.publish_every")
     return Advice("feeder-bound", f"feeder-bound: {waited} and workers idle {_pct(idle)} while the feeder "
-                  f"was held back {_pct(blocked)}: the task source is the limit (max_tasks reached, the "
+                  f"was held back {blocked:.0%}: the task source is the limit (max_tasks reached, the "
                   "JSONL ended, or selective rollout skips most tasks)")
 
 
@@ -136,11 +144,16 @@ def increase(values: list[float]) -> float:
 def measure(rows: list[dict[str, Any]], window_s: float | None = None,
             max_episodes: int = DEFAULT_MAX_EPISODES, end: float | None = None) -> Observed:
     """Measure the `window_s` seconds (default: from the first row) that end at `end` (default: the
-    last row). A finished run ends at its trainers' last step: what comes later is shutdown."""
+    last row), from the first trainer step on. A finished run ends at its trainers' last step:
+    what comes later is shutdown."""
     if not rows:
         return Observed(window_s=0.0)
     end = max(r["time"] for r in rows) if end is None else end
     start = end - window_s if window_s is not None else min(r["time"] for r in rows)
+    # before the first trainer step the run is starting (models loading, workers joining): the
+    # feeder is held back and workers idle whatever will bound the run later
+    first_step = min((r["time"] for r in rows if r["component"] == "trainer" and r["step"] >= 0), default=start)
+    start = max(start, first_step)
     series: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in sorted(rows, key=lambda r: r["time"]):
         if start <= r["time"] <= end:
@@ -155,8 +168,7 @@ def measure(rows: list[dict[str, Any]], window_s: float | None = None,
         sources.add(source)
         rates[policy] = (steps[-1]["step"] - steps[0]["step"]) / max(1e-9, steps[-1]["time"] - steps[0]["time"])
     workers = [rs for (c, _), rs in series.items() if c == "worker"]
-    room = [1.0 - min(1.0, r["values"]["worker.in_flight"] / r["values"].get("worker.max_episodes", max_episodes))
-            for rs in workers for r in rs if "worker.in_flight" in r["values"]]
+    idle = [i for i in (_worker_idle(rs, max_episodes) for rs in workers) if i is not None]
     feeder = [rs for (c, _), rs in series.items() if c == "feeder"]
     blocked = [_fraction(rs, "feeder.blocked_s") for rs in feeder]
     made = _rate_sum(workers, "worker.trajectories")
@@ -168,12 +180,12 @@ def measure(rows: list[dict[str, Any]], window_s: float | None = None,
         growth = ((backlog[-1]["values"]["lag.trajectories"] - backlog[0]["values"]["lag.trajectories"])
                   / (backlog[-1]["time"] - backlog[0]["time"]))
     if growth is None:
-        taken = _rate_sum([rs for (c, _), rs in series.items() if c == "streams"], "trajectories.in")
-        growth = made - taken if made is not None and taken is not None else None
+        growth = _backlog_growth([_cumulative(rs, "worker.trajectories") for rs in workers],
+                                 [_cumulative(rs, "trajectories.in") for (c, _), rs in series.items() if c == "streams"])
     return Observed(
         window_s=end - start, trainer_wait=waits, trainer_steps_per_s=rates,
         wait_source="wait_s" if sources <= {"wait_s"} else "step times",
-        workers=len(workers), workers_idle=sum(room) / len(room) if room else None,
+        workers=len(workers), workers_idle=sum(idle) / len(idle) if idle else None,
         feeder_blocked=max((b for b in blocked if b is not None), default=None),
         backlog_growth_per_s=growth, trajectories_per_s=made, lag=lag,
     )
@@ -195,20 +207,60 @@ def _trainer_wait(steps: list[dict[str, Any]], end: float) -> tuple[float, str]:
     return min(1.0, max(0.0, waited / span)) if span > 0 else 0.0, source
 
 
-def _fraction(rs: list[dict[str, Any]], key: str) -> float | None:
-    """Share of an instance's reporting span that a cumulative seconds counter grew."""
+def _per_s(rs: list[dict[str, Any]], key: str) -> float | None:
+    """Per-second growth of a cumulative counter over an instance's reports (None: under two)."""
     points = [r for r in rs if key in r["values"]]
     if len(points) < 2 or points[-1]["time"] <= points[0]["time"]:
         return None
-    grown = increase([r["values"][key] for r in points])
-    return min(1.0, max(0.0, grown / (points[-1]["time"] - points[0]["time"])))
+    return increase([r["values"][key] for r in points]) / (points[-1]["time"] - points[0]["time"])
+
+
+def _fraction(rs: list[dict[str, Any]], key: str) -> float | None:
+    """Share of an instance's reporting span that a cumulative seconds counter grew."""
+    rate = _per_s(rs, key)
+    return None if rate is None else min(1.0, max(0.0, rate))
 
 
 def _rate_sum(instances: list[list[dict[str, Any]]], key: str) -> float | None:
     """Summed per-second growth of a cumulative counter over instances (None: none measurable)."""
-    rates = []
-    for rs in instances:
-        points = [r for r in rs if key in r["values"]]
-        if len(points) >= 2 and points[-1]["time"] > points[0]["time"]:
-            rates.append(increase([r["values"][key] for r in points]) / (points[-1]["time"] - points[0]["time"]))
+    rates = [r for r in (_per_s(rs, key) for rs in instances) if r is not None]
     return sum(rates) if rates else None
+
+
+def _worker_idle(rs: list[dict[str, Any]], max_episodes: int) -> float | None:
+    """1 - occupancy of a worker's episode slots: from `worker.episode_s` (episodes x seconds in
+    flight) where reported, else the mean of the in-flight samples, which see one moment each."""
+    limit = next((r["values"]["worker.max_episodes"] for r in reversed(rs) if "worker.max_episodes" in r["values"]),
+                 float(max_episodes))
+    busy = _per_s(rs, "worker.episode_s")
+    if busy is not None:
+        return 1.0 - min(1.0, busy / limit)
+    samples = [min(1.0, r["values"]["worker.in_flight"] / limit) for r in rs if "worker.in_flight" in r["values"]]
+    return 1.0 - sum(samples) / len(samples) if samples else None
+
+
+def _cumulative(rs: list[dict[str, Any]], key: str) -> list[tuple[float, float]]:
+    """(time, growth since the first report) of a counter, across restarts."""
+    points = [r for r in rs if key in r["values"]]
+    return [(r["time"], increase([p["values"][key] for p in points[:i + 1]])) for i, r in enumerate(points)]
+
+
+def _at(points: list[tuple[float, float]], t: float) -> float:
+    """A cumulative series at time t inside its span, linearly between reports."""
+    for (t0, v0), (t1, v1) in zip(points, points[1:], strict=False):
+        if t0 <= t <= t1:
+            return v0 if t1 == t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
+    return points[-1][1]
+
+
+def _backlog_growth(made: list[list[tuple[float, float]]], taken: list[list[tuple[float, float]]]) -> float | None:
+    """Records/s by which what producers wrote outgrows what consumers read, over the span every
+    one of them reported in (comparing rates over different spans mistakes start-up for a backlog)."""
+    made, taken = [m for m in made if len(m) >= 2], [t for t in taken if len(t) >= 2]
+    if not made or not taken:
+        return None
+    a, b = max(s[0][0] for s in made + taken), min(s[-1][0] for s in made + taken)
+    if b - a < MIN_COMMON_SPAN_S:
+        return None
+    grown = sum(_at(s, b) - _at(s, a) for s in made) - sum(_at(s, b) - _at(s, a) for s in taken)
+    return grown / (b - a)

@@ -19,6 +19,7 @@ from typing import Any
 from astraflow.runner.advice import DEFAULT_MAX_EPISODES, advise, measure
 
 PERMUTATIONS = 10_000
+MIN_SUMMARY_WINDOW_S = 30.0
 
 
 def load_metrics(path: Path) -> list[dict[str, Any]]:
@@ -156,10 +157,11 @@ def write_plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
 
 
 def scaling(rows: list[dict[str, Any]], max_episodes: int = DEFAULT_MAX_EPISODES) -> dict[str, Any]:
-    """What bounded the run (advice.py), measured over the second half of the trainers' steps:
-    the first half holds the warm-up (models loading, the first weights reaching the workers)."""
+    """What bounded the run (advice.py), measured over the second half of the trainers' steps
+    (at least the last 30 s: the feeder and workers report every 5 s): the first half holds the
+    warm-up (models loading, the first weights reaching the workers)."""
     times = [r["time"] for r in rows if r["component"] == "trainer" and r["step"] >= 0]
-    window = (max(times) - min(times)) / 2 if times else None
+    window = max((max(times) - min(times)) / 2, MIN_SUMMARY_WINDOW_S) if times else None
     obs = measure(rows, window_s=window, max_episodes=max_episodes, end=max(times) if times else None)
     return {**advise(obs).as_dict(), "window_s": round(obs.window_s, 1), "trainer_wait": obs.trainer_wait,
             "wait_source": obs.wait_source, "workers_idle": obs.workers_idle, "feeder_blocked": obs.feeder_blocked,

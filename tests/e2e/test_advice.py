@@ -39,7 +39,9 @@ def trainer(wait: float, policy: str = "solver", every_s: float = 1.0, until: fl
 
 
 def workers(n: int, in_flight: float, max_episodes: int = 32, trajectories_per_s: float = 10.0) -> list[dict[str, Any]]:
+    """Workers with `in_flight` episodes on average (episode_s grows by it each second)."""
     return [row("worker", f"worker-{i}", t, {"worker.in_flight": in_flight, "worker.max_episodes": float(max_episodes),
+                                              "worker.episode_s": in_flight * t,
                                               "worker.trajectories": trajectories_per_s * t})
             for i in range(n) for t in range(0, SPAN + 1, 5)]
 
@@ -129,6 +131,28 @@ def test_no_workers_is_rollout_bound() -> None:
     assert a.regime == "rollout-bound" and "no worker reported" in a.line
 
 
+def test_unknown_when_the_feeder_has_not_reported() -> None:
+    a = advice_of(trainer(0.5) + workers(2, in_flight=3.2))
+    assert a.regime == "unknown" and "the feeder has not reported twice" in a.line
+
+
+def test_a_small_backlog_is_not_streams_bound() -> None:
+    # grows 0.5 records/s for 60 s (30 records, a few groups): with workers busy that is rollout-bound
+    a = advice_of(trainer(0.7) + workers(1, in_flight=32, trajectories_per_s=1.0) + feeder(0.2) + lag(0, 30))
+    assert a.regime == "rollout-bound"
+
+
+def test_a_worker_starting_late_is_no_backlog() -> None:
+    # streams reads 20/s from t=25 on, all along; the one worker first reports at t=30 and writes
+    # 20/s. Rates over each one's own span (20/s against 700 in 60 s) would see a backlog of 8/s.
+    worker = [row("worker", "worker-0", t, {"worker.trajectories": 20.0 * (t - 25), "worker.episode_s": 32.0 * t,
+                                            "worker.max_episodes": 32.0}) for t in range(30, SPAN + 1, 5)]
+    reader = [row("streams", "streams-0", t, {"trajectories.in": 20.0 * max(0, t - 25)}) for t in range(0, SPAN + 1, 5)]
+    obs = measure(trainer(0.7) + worker + reader + feeder(0.2))
+    assert obs.backlog_growth_per_s == pytest.approx(0.0)
+    assert advise(obs).regime == "rollout-bound"
+
+
 def test_the_busiest_of_two_trainers_decides() -> None:
     # the speaker trains 95% of the time, the listener 40%: the speaker bounds the run
     rows = trainer(0.05, "speaker") + trainer(0.6, "listener") + workers(2, in_flight=6.4) + feeder(0.9)
@@ -182,8 +206,30 @@ def test_the_window_keeps_only_recent_rows() -> None:
     assert obs.window_s == 20 and obs.trainer_wait["solver"] == pytest.approx(0.1)
 
 
+def test_the_start_up_before_the_first_trainer_step_is_left_out() -> None:
+    # models load for 30 s: the feeder's window is full and the workers idle; then it is rollout-bound
+    late = [{**r, "time": r["time"] + 30} for r in trainer(0.6, until=30)]
+    start_up = [row("feeder", "feeder", t, {"feeder.blocked_s": float(t)}) for t in range(0, 30, 5)]
+    after = [row("feeder", "feeder", t, {"feeder.blocked_s": 30.0 + 0.2 * (t - 30)}) for t in range(30, SPAN + 1, 5)]
+    idle_then_busy = [row("worker", f"worker-{i}", t, {"worker.episode_s": 32.0 * max(0, t - 30), "worker.max_episodes": 32.0})
+                      for i in range(2) for t in range(0, SPAN + 1, 5)]
+    obs = measure(late + start_up + after + idle_then_busy)
+    assert obs.window_s == 30 and obs.feeder_blocked == pytest.approx(0.2) and obs.workers_idle == pytest.approx(0.0)
+    assert advise(obs).regime == "rollout-bound"
+
+
+def test_workers_idle_from_episode_seconds_not_from_the_moments_they_report() -> None:
+    # 29 episodes on average, but each report fell on a moment with none in flight
+    rows = [{**r, "values": {**r["values"], "worker.in_flight": 0.0}} for r in workers(2, in_flight=28.8)]
+    assert measure(trainer(0.1) + rows).workers_idle == pytest.approx(0.1)
+    # older metrics without episode_s: the in-flight samples are all there is
+    gauges = [{**r, "values": {k: v for k, v in r["values"].items() if k != "worker.episode_s"}}
+              for r in workers(2, in_flight=24)]
+    assert measure(trainer(0.1) + gauges).workers_idle == pytest.approx(0.25)
+
+
 def test_workers_without_max_episodes_use_the_given_limit() -> None:
-    rows = [{**r, "values": {k: v for k, v in r["values"].items() if k != "worker.max_episodes"}}
+    rows = [{**r, "values": {k: v for k, v in r["values"].items() if k not in ("worker.max_episodes", "worker.episode_s")}}
             for r in workers(2, in_flight=8)]
     assert measure(trainer(0.1) + rows, max_episodes=32).workers_idle == pytest.approx(0.75)
     assert measure(trainer(0.1) + rows, max_episodes=8).workers_idle == pytest.approx(0.0)
