@@ -109,10 +109,10 @@ def advise(obs: Observed) -> Advice:
 
 
 def more_workers(workers: int, wait: float) -> tuple[int, bool]:
-    """Workers to add so that the trainer never waits. Busy for a share 1 - wait of the time, the
-    trainer could step 1 / (1 - wait) times as fast as the workers' data lets it; the workers
-    deliver in proportion to their number, so `workers / (1 - wait)` of them would keep up.
-    Returns (more, whether that is only a lower bound)."""
+    """Workers to add so that the trainer never waits. The trainer's step rate is what the workers
+    deliver; busy for a share 1 - wait of the time, it could step 1 / (1 - wait) times as fast.
+    The workers deliver in proportion to their number, so `workers / (1 - wait)` of them would keep
+    up (assuming the broker and streams keep up too). Returns (more, whether only a lower bound)."""
     capped = min(wait, MAX_WAIT_FOR_ESTIMATE)
     needed = math.ceil(workers / (1.0 - capped) - 1e-9)
     return max(1, needed - workers), wait > MAX_WAIT_FOR_ESTIMATE

@@ -164,6 +164,7 @@ def scaling(rows: list[dict[str, Any]], max_episodes: int = DEFAULT_MAX_EPISODES
     window = max((max(times) - min(times)) / 2, MIN_SUMMARY_WINDOW_S) if times else None
     obs = measure(rows, window_s=window, max_episodes=max_episodes, end=max(times) if times else None)
     return {**advise(obs).as_dict(), "window_s": round(obs.window_s, 1), "trainer_wait": obs.trainer_wait,
+            "trainer_steps_per_s": obs.trainer_steps_per_s,
             "wait_source": obs.wait_source, "workers_idle": obs.workers_idle, "feeder_blocked": obs.feeder_blocked,
             "backlog_growth_per_s": obs.backlog_growth_per_s}
 
