@@ -42,8 +42,8 @@ def recipe_in_image(recipe_path: Path, root: Path) -> str:
 
 def compose_for(base: dict[str, Any], recipe: Recipe, recipe_arg: str, build_context: str) -> dict[str, Any]:
     """The compose configuration of `recipe` from the base configuration (a parsed docker-compose.yml).
-    Pure: `recipe_arg` is the recipe's path as the containers see it, `build_context` the image's
-    build directory relative to where the result will be written."""
+    Pure: `recipe_arg` is the recipe's path as the containers see it, `build_context` the base
+    file's directory relative to where the result will be written (build contexts are moved by it)."""
     services = base.get("services") or {}
     if "trainer" not in services:
         raise ConfigError("the base compose file has no `trainer` service to make one per policy of")
@@ -51,8 +51,10 @@ def compose_for(base: dict[str, Any], recipe: Recipe, recipe_arg: str, build_con
     out["services"] = {}
     for name, svc in services.items():
         svc = _with_recipe(copy.deepcopy(svc), recipe_arg)
-        if "build" in svc:
-            svc["build"] = build_context
+        if isinstance(svc.get("build"), dict):  # the long form keeps its args and dockerfile
+            svc["build"]["context"] = os.path.normpath(os.path.join(build_context, svc["build"].get("context", ".")))
+        elif "build" in svc:
+            svc["build"] = os.path.normpath(os.path.join(build_context, svc["build"]))
         if name == "trainer":
             for policy in recipe.policy_names:
                 out["services"][f"trainer-{policy}"] = _with_policy(copy.deepcopy(svc), policy)

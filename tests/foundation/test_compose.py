@@ -148,6 +148,17 @@ def test_compose_refuses_what_it_cannot_build(tmp_path: Path) -> None:
         compose_for({"services": {"trainer": {"command": ["astraflow", "trainer"]}}}, recipe, "r.yaml", ".")
 
 
+def test_compose_moves_build_contexts_to_where_the_file_is_written() -> None:
+    recipe = load_recipe(REPO / "recipes" / "solve_and_verify.yaml")
+    base = {"services": {"trainer": {"build": {"context": "app", "args": {"X": "1"}},
+                                     "command": ["astraflow", "trainer", "--policy", "p"]},
+                         "feeder": {"build": ".", "command": ["astraflow", "feed"]}}}
+    out = compose_for(base, recipe, "recipes/solve_and_verify.yaml", "..")
+    assert out["services"]["trainer-verifier"]["build"] == {"context": "../app", "args": {"X": "1"}}
+    assert out["services"]["feeder"]["build"] == ".."
+    assert base["services"]["trainer"]["build"]["context"] == "app"  # the base is left as it was
+
+
 def test_compose_cli_writes_beside_the_base(tmp_path: Path) -> None:
     """`astraflow compose` with no --output writes docker-compose.<name>.yml beside the base."""
     from typer.testing import CliRunner
