@@ -4,7 +4,8 @@ The paper's balance report tells operators what to scale. Here `measure` turns m
 records of `metrics.jsonl`, or the collector's history) into a few fractions and rates over a time
 window, and `advise` classifies them; both are pure, so each regime has golden tests.
 
-What is measured (each from cumulative counters, so a missed report loses nothing):
+What is measured (each from cumulative counters, so a missed report loses nothing; each over its
+instance's latest process, from its last report before the window):
 - trainer wait: share of the window a policy's trainer had no complete batch to train (the trainer's
   `wait_s`; in older metrics without it, the window minus its steps' compute time, batch.tokens /
   tokens_per_s per step, which also counts checkpoint and publication time as waiting);
@@ -37,6 +38,7 @@ FEEDER_BLOCKED_FROM = 0.5  # a feeder held back at least this share of the time 
 BACKLOG_GROWS_FROM = 0.1  # trajectories backlog growing by this share of the workers' output is a bottleneck
 BACKLOG_MIN_RECORDS = 32  # and by at least this many records over the window
 MIN_COMMON_SPAN_S = 20.0  # backlog growth from rates needs workers and streams reporting this long together
+MIN_TRAINER_SPAN_S = 10.0  # a trainer measured over less (a few steps after a restart) says nothing yet
 MAX_WAIT_FOR_ESTIMATE = 0.9  # above it the worker estimate is a lower bound ("at least N")
 DEFAULT_MAX_EPISODES = 16  # WorkerConfig.max_episodes, for workers that do not report theirs
 
@@ -70,7 +72,8 @@ class Advice:
 def advise(obs: Observed) -> Advice:
     """Classify what bounds the run; see the module docstring."""
     if not obs.trainer_wait:
-        return Advice("unknown", "unknown: no trainer reported two steps in the window; wait for the run to warm up")
+        return Advice("unknown", f"unknown: no trainer has reported steps over {MIN_TRAINER_SPAN_S:.0f} s in the "
+                      "window (in its latest process): too little to tell what bounds the run")
     policy, wait = min(obs.trainer_wait.items(), key=lambda kv: kv[1])
     who = f"trainer {policy}" if len(obs.trainer_wait) > 1 else "the trainer"
     idle, blocked = obs.workers_idle, obs.feeder_blocked
@@ -135,10 +138,16 @@ def rows_from_history(history: dict[tuple[str, str], list[tuple[int, float, dict
             for (c, i), points in history.items() for s, t, v in points]
 
 
-def increase(values: list[float]) -> float:
-    """How much a cumulative counter grew from its first to its last value, across restarts of its
-    process (a restart resets it, so a smaller value counted from 0 again)."""
-    return sum(cur if cur < prev else cur - prev for prev, cur in zip(values, values[1:], strict=False))
+def counter(rs: list[dict[str, Any]], key: str, start: float) -> list[tuple[float, float]]:
+    """(time, value) of one instance's cumulative counter, for a window from `start`: from the last
+    report at or before `start` on (the baseline of what grew in the window; a trainer that waited
+    long reports the wait only with its next step), and of its latest process only (a counter that
+    went down was restarted; the time between two processes is neither work nor waiting)."""
+    points = [(r["time"], float(r["values"][key])) for r in rs if key in r["values"]]
+    restart = max((i for i in range(1, len(points)) if points[i][1] < points[i - 1][1]), default=0)
+    points = points[restart:]
+    baseline = max((i for i, (t, _) in enumerate(points) if t <= start), default=0)
+    return points[baseline:]
 
 
 def measure(rows: list[dict[str, Any]], window_s: float | None = None,
@@ -154,25 +163,26 @@ def measure(rows: list[dict[str, Any]], window_s: float | None = None,
     # feeder is held back and workers idle whatever will bound the run later
     first_step = min((r["time"] for r in rows if r["component"] == "trainer" and r["step"] >= 0), default=start)
     start = max(start, first_step)
-    series: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    every: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in sorted(rows, key=lambda r: r["time"]):
-        if start <= r["time"] <= end:
-            series[(r["component"], r["id"])].append(r)
+        if r["time"] <= end:
+            every[(r["component"], r["id"])].append(r)
+    # instances that reported in the window, with their earlier reports (the counters' baselines)
+    series = {k: rs for k, rs in every.items() if rs[-1]["time"] >= start}
     waits, rates, sources = {}, {}, set()
     for (component, rid), rs in series.items():
-        steps = [r for r in rs if r["step"] >= 0]
-        if component != "trainer" or len(steps) < 2:
+        measured = _trainer_wait([r for r in rs if r["step"] >= 0], start, end) if component == "trainer" else None
+        if measured is None:
             continue
         policy = rid.split(".", 1)[1] if "." in rid else rid
-        waits[policy], source = _trainer_wait(steps, end)
+        waits[policy], rates[policy], source = measured
         sources.add(source)
-        rates[policy] = (steps[-1]["step"] - steps[0]["step"]) / max(1e-9, steps[-1]["time"] - steps[0]["time"])
     workers = [rs for (c, _), rs in series.items() if c == "worker"]
-    idle = [i for i in (_worker_idle(rs, max_episodes) for rs in workers) if i is not None]
-    feeder = [rs for (c, _), rs in series.items() if c == "feeder"]
-    blocked = [_fraction(rs, "feeder.blocked_s") for rs in feeder]
-    made = _rate_sum(workers, "worker.trajectories")
-    lag_rows = series.get(("collector", "lag"), [])
+    idle = [i for i in (_worker_idle(rs, start, max_episodes) for rs in workers) if i is not None]
+    blocked = [_per_s(counter(rs, "feeder.blocked_s", start)) for (c, _), rs in series.items() if c == "feeder"]
+    made_rates = [r for r in (_per_s(counter(rs, "worker.trajectories", start)) for rs in workers) if r is not None]
+    made = sum(made_rates) if made_rates else None
+    lag_rows = [r for r in series.get(("collector", "lag"), []) if r["time"] >= start]
     lag = {k.removeprefix("lag."): v for k, v in lag_rows[-1]["values"].items()} if lag_rows else {}
     growth = None
     backlog = [r for r in lag_rows if "lag.trajectories" in r["values"]]
@@ -180,73 +190,67 @@ def measure(rows: list[dict[str, Any]], window_s: float | None = None,
         growth = ((backlog[-1]["values"]["lag.trajectories"] - backlog[0]["values"]["lag.trajectories"])
                   / (backlog[-1]["time"] - backlog[0]["time"]))
     if growth is None:
-        growth = _backlog_growth([_cumulative(rs, "worker.trajectories") for rs in workers],
-                                 [_cumulative(rs, "trajectories.in") for (c, _), rs in series.items() if c == "streams"])
+        growth = _backlog_growth([counter(rs, "worker.trajectories", start) for rs in workers],
+                                 [counter(rs, "trajectories.in", start) for (c, _), rs in series.items() if c == "streams"])
     return Observed(
         window_s=end - start, trainer_wait=waits, trainer_steps_per_s=rates,
         wait_source="wait_s" if sources <= {"wait_s"} else "step times",
         workers=len(workers), workers_idle=sum(idle) / len(idle) if idle else None,
-        feeder_blocked=max((b for b in blocked if b is not None), default=None),
+        feeder_blocked=max((min(1.0, max(0.0, b)) for b in blocked if b is not None), default=None),
         backlog_growth_per_s=growth, trajectories_per_s=made, lag=lag,
     )
 
 
-def _trainer_wait(steps: list[dict[str, Any]], end: float) -> tuple[float, str]:
-    """Share of [first report, end] the trainer waited. After its last report it was either in its
-    next step or waiting: the tail beyond one step time counts as waiting."""
-    span = end - steps[0]["time"]
-    busy_per_step = [r["values"]["batch.tokens"] / r["values"]["tokens_per_s"] for r in steps
+def _trainer_wait(steps: list[dict[str, Any]], start: float, end: float) -> tuple[float, float, str] | None:
+    """(share of the time waited, steps/s, source) from the trainer's baseline report to `end`;
+    None under two reports or over less than MIN_TRAINER_SPAN_S. After its last report it was
+    either in its next step or waiting: the tail beyond one step time counts as waiting."""
+    recent = [r for r in steps if r["time"] >= start] or steps
+    busy_per_step = [r["values"]["batch.tokens"] / r["values"]["tokens_per_s"] for r in recent
                      if r["values"].get("tokens_per_s", 0) > 0 and "batch.tokens" in r["values"]]
     step_s = sum(busy_per_step) / len(busy_per_step) if busy_per_step else 0.0
-    tail = max(0.0, end - steps[-1]["time"] - step_s)
-    if all("wait_s" in r["values"] for r in steps):
-        waited, source = increase([r["values"]["wait_s"] for r in steps]) + tail, "wait_s"
+    waits = counter(steps, "wait_s", start)
+    if len(waits) >= 2 and all("wait_s" in r["values"] for r in recent):
+        first_t, last_t = waits[0][0], waits[-1][0]
+        in_steps = [r for r in steps if first_t <= r["time"] <= last_t]
+        waited, source = waits[-1][1] - waits[0][1], "wait_s"
     else:
-        trained = (steps[-1]["step"] - steps[0]["step"]) * step_s
-        waited, source = (steps[-1]["time"] - steps[0]["time"]) - trained + tail, "step times"
-    return min(1.0, max(0.0, waited / span)) if span > 0 else 0.0, source
-
-
-def _per_s(rs: list[dict[str, Any]], key: str) -> float | None:
-    """Per-second growth of a cumulative counter over an instance's reports (None: under two)."""
-    points = [r for r in rs if key in r["values"]]
-    if len(points) < 2 or points[-1]["time"] <= points[0]["time"]:
+        baseline = max((i for i, r in enumerate(steps) if r["time"] <= start), default=0)
+        in_steps = steps[baseline:]
+        if len(in_steps) < 2:
+            return None
+        first_t, last_t = in_steps[0]["time"], in_steps[-1]["time"]
+        waited, source = (last_t - first_t) - (in_steps[-1]["step"] - in_steps[0]["step"]) * step_s, "step times"
+    span = end - first_t
+    if span < MIN_TRAINER_SPAN_S or last_t <= first_t:
         return None
-    return increase([r["values"][key] for r in points]) / (points[-1]["time"] - points[0]["time"])
+    waited += max(0.0, end - last_t - step_s)
+    rate = (in_steps[-1]["step"] - in_steps[0]["step"]) / (last_t - first_t)
+    return min(1.0, max(0.0, waited / span)), rate, source
 
 
-def _fraction(rs: list[dict[str, Any]], key: str) -> float | None:
-    """Share of an instance's reporting span that a cumulative seconds counter grew."""
-    rate = _per_s(rs, key)
-    return None if rate is None else min(1.0, max(0.0, rate))
+def _per_s(points: list[tuple[float, float]]) -> float | None:
+    """Per-second growth of a counter's (time, value) points (None: under two)."""
+    if len(points) < 2 or points[-1][0] <= points[0][0]:
+        return None
+    return (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0])
 
 
-def _rate_sum(instances: list[list[dict[str, Any]]], key: str) -> float | None:
-    """Summed per-second growth of a cumulative counter over instances (None: none measurable)."""
-    rates = [r for r in (_per_s(rs, key) for rs in instances) if r is not None]
-    return sum(rates) if rates else None
-
-
-def _worker_idle(rs: list[dict[str, Any]], max_episodes: int) -> float | None:
+def _worker_idle(rs: list[dict[str, Any]], start: float, max_episodes: int) -> float | None:
     """1 - occupancy of a worker's episode slots: from `worker.episode_s` (episodes x seconds in
     flight) where reported, else the mean of the in-flight samples, which see one moment each."""
     limit = next((r["values"]["worker.max_episodes"] for r in reversed(rs) if "worker.max_episodes" in r["values"]),
                  float(max_episodes))
-    busy = _per_s(rs, "worker.episode_s")
+    busy = _per_s(counter(rs, "worker.episode_s", start))
     if busy is not None:
         return 1.0 - min(1.0, busy / limit)
-    samples = [min(1.0, r["values"]["worker.in_flight"] / limit) for r in rs if "worker.in_flight" in r["values"]]
+    samples = [min(1.0, r["values"]["worker.in_flight"] / limit) for r in rs
+               if r["time"] >= start and "worker.in_flight" in r["values"]]
     return 1.0 - sum(samples) / len(samples) if samples else None
 
 
-def _cumulative(rs: list[dict[str, Any]], key: str) -> list[tuple[float, float]]:
-    """(time, growth since the first report) of a counter, across restarts."""
-    points = [r for r in rs if key in r["values"]]
-    return [(r["time"], increase([p["values"][key] for p in points[:i + 1]])) for i, r in enumerate(points)]
-
-
 def _at(points: list[tuple[float, float]], t: float) -> float:
-    """A cumulative series at time t inside its span, linearly between reports."""
+    """A counter at time t inside its span, linearly between reports."""
     for (t0, v0), (t1, v1) in zip(points, points[1:], strict=False):
         if t0 <= t <= t1:
             return v0 if t1 == t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)

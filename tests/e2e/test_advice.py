@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from astraflow.runner.advice import Observed, advise, increase, measure, more_workers, rows_from_history
+from astraflow.runner.advice import Observed, advise, counter, measure, more_workers, rows_from_history
 from astraflow.runner.collector import Instance, Snapshot
 from astraflow.runner.report import summarize, summary_text, write_report
 from astraflow.runner.status import status_panel
@@ -122,7 +122,10 @@ def test_balanced() -> None:
 
 def test_unknown_before_two_trainer_steps() -> None:
     a = advice_of(trainer(0.5, until=0) + workers(2, in_flight=32))
-    assert a.regime == "unknown" and a.line.startswith("unknown: no trainer reported two steps")
+    assert a.regime == "unknown" and a.line.startswith("unknown: no trainer has reported steps over 10 s")
+    # three steps in the last 0.7 s (a restarted trainer) say nothing either
+    restarted = [{**r, "time": r["time"] + SPAN - 0.7} for r in trainer(0.0, every_s=0.35, until=0.7)]
+    assert advice_of(restarted + workers(2, in_flight=32)).regime == "unknown"
     assert advise(Observed(window_s=0.0)).regime == "unknown"
 
 
@@ -173,15 +176,36 @@ def test_more_workers_golden() -> None:
     assert more_workers(5, 0.26) == (2, False)  # 5 / 0.74 = 6.76 -> 7
 
 
-def test_counters_that_restart_keep_counting() -> None:
-    assert increase([1.0, 2.0, 0.5, 1.5]) == pytest.approx(1.0 + 0.5 + 1.0)
-    assert increase([3.0]) == 0.0
-    rows = trainer(0.6)
-    at_restart = rows[30]["values"]["wait_s"]
-    for r in rows[30:]:  # the trainer restarted at t=30: its wait_s counts from 0 again
-        r["values"]["wait_s"] -= at_restart
-    # the interval in which it restarted is lost (0.6 s of 60 s), nothing else
-    assert measure(rows).trainer_wait["solver"] == pytest.approx(0.6, abs=0.011)
+def test_a_counter_is_read_from_its_baseline_in_its_latest_process() -> None:
+    rs = [row("feeder", "feeder", t, {"feeder.blocked_s": v}) for t, v in ((0, 0.0), (5, 4.0), (10, 9.0), (15, 1.0),
+                                                                           (20, 6.0), (25, 11.0))]
+    assert counter(rs, "feeder.blocked_s", start=22) == [(20, 6.0), (25, 11.0)]  # from the report before 22
+    assert counter(rs, "feeder.blocked_s", start=7) == [(15, 1.0), (20, 6.0), (25, 11.0)]  # restarted at 15
+    assert counter(rs, "feeder.blocked_s", start=-1) == [(15, 1.0), (20, 6.0), (25, 11.0)]
+
+
+def test_a_restarted_trainer_is_measured_from_its_new_process() -> None:
+    # waited 90% before a restart at t=30, 60% since: the gap and the old process do not count
+    before = [r for r in trainer(0.9) if r["time"] < 25]
+    after = [{**r, "values": {**r["values"], "wait_s": r["values"]["wait_s"] - 18.0}} for r in trainer(0.6) if r["time"] >= 30]
+    obs = measure(before + after + workers(2, in_flight=32) + feeder(0.5))
+    assert obs.trainer_wait["solver"] == pytest.approx(0.6)
+
+
+def test_a_bursty_trainer_counts_the_wait_before_its_first_step_in_the_window() -> None:
+    # waits 20 s, then trains 10 steps in 4 s, twice. A window from t=28 sees only the second
+    # burst's steps, whose wait_s carries the 20 s waited since the last report before it (t=24).
+    rows, waited = [], 0.0
+    for burst in range(2):
+        t0 = burst * 24.0
+        waited += 20.0
+        for k in range(10):
+            rows.append(row("trainer", "trainer.solver", t0 + 20.4 + 0.4 * k,
+                            {"wait_s": waited, "batch.tokens": STEP_TOKENS, "tokens_per_s": STEP_TOKENS / 0.4},
+                            step=burst * 10 + k + 1))
+    obs = measure(rows, window_s=20)
+    assert obs.trainer_wait["solver"] == pytest.approx(20.0 / (48.0 - 24.0))
+    assert obs.trainer_steps_per_s["solver"] == pytest.approx(10 / (48.0 - 24.0))
 
 
 def test_wait_from_step_times_when_the_trainer_does_not_report_it() -> None:
