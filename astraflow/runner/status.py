@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
+from rich.panel import Panel
 
 from astraflow import broker
 from astraflow.config import KafkaSettings, load_recipe
@@ -49,7 +49,7 @@ def show_status(recipe_path: Path | None, bootstrap: str | None, run_dir: Path |
 
 
 def status_panel(snap: Snapshot, history: dict[tuple[str, str], list[tuple[int, float, dict[str, float]]]],
-                 policies: list[str], title: str, max_episodes: int = DEFAULT_MAX_EPISODES) -> Any:
+                 policies: list[str], title: str, max_episodes: int = DEFAULT_MAX_EPISODES) -> Panel:
     """The dashboard with the scaling advice measured over every metric read (the last `--since` seconds)."""
     advice = advise(measure(rows_from_history(history), max_episodes=max_episodes))
     return render(snap, policies, title, advice=advice.line)
