@@ -194,6 +194,31 @@ def topics_list(recipe: Recipe = None, bootstrap: Bootstrap = None) -> None:
             out.print(f"{name}\t{len(md.topics[name].partitions)}", highlight=False)
 
 
+# --------------------------------------------------------------------------------------- compose
+
+
+@app.command("compose")
+def compose(
+    recipe: Annotated[Path, typer.Option("--recipe", "-r", help="Recipe YAML, under recipes/ (the image holds it).")],
+    base: Annotated[Path, typer.Option(help="The compose file to build from.")] = Path("docker-compose.yml"),
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write (default: "
+                                                "docker-compose.<recipe name>.yml beside the base).")] = None,
+) -> None:
+    """Write a compose file that runs RECIPE: the base's services, one trainer per policy."""
+    from astraflow.compose import write_compose
+    from astraflow.config import load_recipe
+
+    try:
+        target = output or base.parent / f"docker-compose.{load_recipe(recipe).name}.yml"
+        config = write_compose(recipe, base, target)
+    except (AstraFlowError, OSError) as exc:
+        raise fail(str(exc)) from None
+    trainers = [n for n in config["services"] if n.startswith("trainer-")]
+    console.print(f"wrote {target} ({', '.join(trainers)}); run it with: docker compose -f {target} up",
+                  highlight=False)
+    out.print(str(target), highlight=False)
+
+
 # --------------------------------------------------------------------------------------- components
 
 

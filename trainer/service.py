@@ -22,7 +22,7 @@ Metrics (component `trainer`, one Metric per step; sums over the batch unless no
   (mean reward, and share of samples with reward >= trainer.success_threshold, over the batch's groups), batch.groups, batch.samples,
   batch.tokens, loss_tokens, staleness.lag.<k> (samples of this batch at lag k, k < 16; staleness.lag.ge16 for the rest), staleness.mean,
   staleness.dropped (stale samples of this batch), and running totals samples.in,
-  samples.duplicate, samples.stale, groups.trained, deadletter. kl_ref is the estimator that
+  samples.duplicate, samples.stale, groups.trained, deadletter, wait_s (seconds with no batch). kl_ref is the estimator that
   trainer.loss.kl_estimator names. With policy_loss m2po, also m2po.m2 (mean squared log-ratio of
   the batch before masking), m2po.m2_kept (after) and m2po.masked_fraction (= its clip_fraction).
 """
@@ -95,6 +95,7 @@ class Trainer:
         self.settings = settings
         self.stop_requested = False
         self.step = self.version = self.batches = self.last_checkpoint = 0
+        self.wait_s = 0.0  # seconds with no batch to train (the scaling advice reads it)
         self.buffer = GroupBuffer(policy, self.cfg.dedupe_window)
         self.publications = BackgroundJob(f"publish-{policy}")
         self._uncommitted: dict[str, int] | None = None  # offsets of the last checkpoint, to commit
@@ -195,7 +196,10 @@ class Trainer:
         clean = False
         try:
             while True:
+                started = time.monotonic()
                 batch = self._next_batch() if self.dist.leader else None
+                if batch is None:
+                    self.wait_s += time.monotonic() - started
                 if distributed.agree_stop(self.dist, self.stop_requested or self._done()):
                     break
                 rows = collate(batch.samples, self.tokenizer.pad_token_id) if batch and batch.samples else None
@@ -300,7 +304,7 @@ class Trainer:
                   "batch.samples": len(batch.samples), "batch.tokens": batch.tokens,
                   "staleness.dropped": len(batch.stale),
                   "staleness.mean": sum(batch.lags) / len(batch.lags) if batch.lags else 0.0,
-                  "deadletter": self.dead.count, **{k: float(v) for k, v in self.buffer.counts.items()}}
+                  "deadletter": self.dead.count, "wait_s": self.wait_s, **{k: float(v) for k, v in self.buffer.counts.items()}}
         top = min(self.recipe.max_staleness, STALENESS_BUCKETS - 1)
         values.update({f"staleness.lag.{k}": float(lags.get(k, 0)) for k in range(top + 1)})
         if self.recipe.max_staleness > top:

@@ -11,7 +11,7 @@ finish for `worker.drain_timeout_s`, release the rest, flush, commit, close.
 
 Metrics (component `worker`): worker.tokens_per_s, worker.tokens, worker.episodes, worker.trajectories,
 worker.tasks_done, worker.tasks_released, worker.deadletters, worker.episode_errors, worker.in_flight
-(episodes), worker.tasks_in_flight, worker.weights_applied, worker.weights_refused,
+(episodes), worker.max_episodes (its limit), worker.episode_s (episodes x seconds in flight), worker.tasks_in_flight, worker.weights_applied, worker.weights_refused,
 worker.weight_version.<policy>.
 """
 
@@ -60,6 +60,9 @@ class Worker:
         self.tracker = OffsetTracker()
         self.tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
         self.pending_episodes = 0
+        # episodes x seconds in flight, integrated by the serve loop: its growth over time and
+        # max_episodes is how busy the worker was (the scaling advice reads it)
+        self.episode_s, self._episodes_mark = 0.0, time.monotonic()
         self.stopping = asyncio.Event()
         self.paused = False
         self.assigned: set[int] = set()
@@ -123,6 +126,9 @@ class Worker:
 
     async def _serve(self) -> None:
         while not self.stopping.is_set():
+            now = time.monotonic()
+            self.episode_s += self.pending_episodes * (now - self._episodes_mark)
+            self._episodes_mark = now
             room = self.pending_episodes < self.cfg.max_episodes
             if room and self.paused:
                 self.consumer.resume(self.consumer.assignment())
@@ -262,6 +268,7 @@ class Worker:
         rate = (self.counts["tokens"] - n0) / max(1e-9, now - t0)
         values = {f"worker.{k}": float(v) for k, v in self.counts.items()}
         values.update({"worker.tokens_per_s": rate, "worker.in_flight": float(self.pending_episodes),
+                       "worker.max_episodes": float(self.cfg.max_episodes), "worker.episode_s": self.episode_s,
                        "worker.tasks_in_flight": float(len(self.tasks)),
                        "worker.weights_applied": float(self.follower.applied),
                        "worker.weights_refused": float(self.follower.refused)})

@@ -6,7 +6,9 @@ Sources, all from Kafka (so it works from any shell, for any region):
 - `weights`: the latest WeightVersion per policy;
 - consumer lag per stage: committed offsets of the workers' and the streams' consumer groups
   against the high watermarks of `tasks` and `trajectories`; the trainers report their own
-  position (they keep offsets in their checkpoints);
+  position (they keep offsets in their checkpoints). Each probe is also kept in the history and in
+  metrics.jsonl as component `collector`, id `lag` (values `lag.<stage>`), for the scaling advice
+  (`advice.py`), which needs to know whether a lag grows;
 - `deadletter`: how many records it holds.
 """
 
@@ -109,7 +111,7 @@ class Collector:
                     out.flush()
                 if time.monotonic() >= next_lag:
                     next_lag = time.monotonic() + 3.0
-                    self._refresh_lag(probes)
+                    self._refresh_lag(probes, out)
             # drain what is already there before stopping
             for msg in consumer.consume(5000, 1.0):
                 if msg.error() is None:
@@ -153,7 +155,7 @@ class Collector:
                 inst.time, inst.step, inst.region = record.time, record.step, record.region
             self._history[key].append((record.step, record.time, record.values))
 
-    def _refresh_lag(self, probes: Probes) -> None:
+    def _refresh_lag(self, probes: Probes, out: IO[str] | None = None) -> None:
         try:
             lag = consumer_lag(self.settings, {"tasks": self.worker_group, "trajectories": self.streams_group},
                                probes)
@@ -161,9 +163,16 @@ class Collector:
         except Exception as exc:  # noqa: BLE001 - lag is best effort while the cluster starts
             log.debug("lag refresh failed: %s", exc)
             return
+        now = time.time()
+        values = {f"lag.{stage}": float(n) for stage, n in lag.items()}
+        if values and out is not None:
+            out.write(json.dumps({"component": "collector", "id": "lag", "region": "local", "time": now,
+                                  "step": -1, "values": values}) + "\n")
         with self._lock:
             self._snap.lag.update(lag)
             self._snap.deadletters = dead
+            if values:
+                self._history[("collector", "lag")].append((-1, now, values))
 
     # --------------------------------------------------------------------------- views
 

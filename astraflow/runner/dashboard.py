@@ -2,7 +2,8 @@
 
 Per policy: reward, success rate, trainer step and weight version, tokens/s, staleness.
 Per worker (and region): tokens/s, episodes, weight version. Per stage: consumer lag.
-Plus streams counters and dead letters. `astraflow status` renders the same thing once.
+Plus streams counters, dead letters and the scaling advice (advice.py: what bounds the run).
+`astraflow status` renders the same thing once.
 """
 
 from __future__ import annotations
@@ -78,8 +79,11 @@ def flow_table(snap: Snapshot) -> Table:
     return table
 
 
-def render(snap: Snapshot, policies: list[str], title: str, events: list[str] | None = None) -> Panel:
+def render(snap: Snapshot, policies: list[str], title: str, events: list[str] | None = None,
+           advice: str | None = None) -> Panel:
     parts: list[Any] = [policies_table(snap, policies), workers_table(snap, policies), flow_table(snap)]
+    if advice:
+        parts.append(Text(f"scaling: {advice}", style="bold"))
     if events:
         parts.append(Text("\n".join(events[-6:]), style="dim"))
     elapsed = time.time() - snap.started

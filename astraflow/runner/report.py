@@ -1,5 +1,5 @@
 """The run report: from `<run_dir>/metrics.jsonl` to TensorBoard event files, PNG plots and a short
-summary (JSON and text).
+summary (JSON and text), which ends with the scaling advice (what bounded the run, advice.py).
 
 The learning statistic used throughout (summary, end-to-end tests): per-step mean rewards of the
 first and last tenth of a policy's trainer steps, compared with a one-sided permutation test
@@ -16,7 +16,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from astraflow.runner.advice import DEFAULT_MAX_EPISODES, advise, measure
+
 PERMUTATIONS = 10_000
+MIN_SUMMARY_WINDOW_S = 30.0
 
 
 def load_metrics(path: Path) -> list[dict[str, Any]]:
@@ -153,7 +156,21 @@ def write_plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     return written
 
 
-def summarize(rows: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def scaling(rows: list[dict[str, Any]], max_episodes: int = DEFAULT_MAX_EPISODES) -> dict[str, Any]:
+    """What bounded the run (advice.py), measured over the second half of the trainers' steps
+    (at least the last 30 s: the feeder and workers report every 5 s): the first half holds the
+    warm-up (models loading, the first weights reaching the workers)."""
+    times = [r["time"] for r in rows if r["component"] == "trainer" and r["step"] >= 0]
+    window = max((max(times) - min(times)) / 2, MIN_SUMMARY_WINDOW_S) if times else None
+    obs = measure(rows, window_s=window, max_episodes=max_episodes, end=max(times) if times else None)
+    return {**advise(obs).as_dict(), "window_s": round(obs.window_s, 1), "trainer_wait": obs.trainer_wait,
+            "trainer_steps_per_s": obs.trainer_steps_per_s,
+            "wait_source": obs.wait_source, "workers_idle": obs.workers_idle, "feeder_blocked": obs.feeder_blocked,
+            "backlog_growth_per_s": obs.backlog_growth_per_s}
+
+
+def summarize(rows: list[dict[str, Any]], extra: dict[str, Any] | None = None,
+              max_episodes: int = DEFAULT_MAX_EPISODES) -> dict[str, Any]:
     series = trainer_series(rows)
     summary: dict[str, Any] = {"policies": {}, **(extra or {})}
     for policy, s in series.items():
@@ -167,6 +184,7 @@ def summarize(rows: list[dict[str, Any]], extra: dict[str, Any] | None = None) -
     workers = {r["id"] for r in rows if r["component"] == "worker"}
     summary["workers"] = sorted(workers)
     summary["metric_records"] = len(rows)
+    summary["scaling"] = scaling(rows, max_episodes)
     return summary
 
 
@@ -184,15 +202,18 @@ def summary_text(summary: dict[str, Any]) -> str:
                          f"(best tenth {s['best_tenth']:.1%})")
     lines.append(f"workers: {len(summary['workers'])}; dead letters: {summary.get('deadletters', 0)}; "
                  f"restarts: {summary.get('restarts', {})}")
+    if "scaling" in summary:
+        lines.append(f"scaling: {summary['scaling']['line']}")
     return "\n".join(lines)
 
 
-def write_report(run_dir: Path, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def write_report(run_dir: Path, extra: dict[str, Any] | None = None,
+                 max_episodes: int = DEFAULT_MAX_EPISODES) -> dict[str, Any]:
     """Write tensorboard/, plots/*.png, summary.json and summary.txt under `run_dir`."""
     rows = load_metrics(run_dir / "metrics.jsonl")
     write_tensorboard(rows, run_dir / "tensorboard")
     write_plots(rows, run_dir / "plots")
-    summary = summarize(rows, extra)
+    summary = summarize(rows, extra, max_episodes)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     (run_dir / "summary.txt").write_text(summary_text(summary) + "\n")
     return summary

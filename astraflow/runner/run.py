@@ -30,12 +30,16 @@ from rich.live import Live
 from astraflow import broker, topics
 from astraflow.config import KafkaSettings, Recipe, load_recipe
 from astraflow.kafka import make_admin
+from astraflow.runner.advice import advise, measure, rows_from_history
 from astraflow.runner.collector import Collector
 from astraflow.runner.dashboard import render
 from astraflow.runner.report import summary_text, write_report
 from astraflow.runner.supervisor import Component, Supervisor
 
 log = logging.getLogger(__name__)
+
+ADVICE_EVERY_S = 10.0  # how often the dashboard measures what bounds the run
+ADVICE_WINDOW_S = 120.0  # over the last this many seconds: recent enough to follow a change of workers
 
 
 @dataclass
@@ -176,7 +180,7 @@ class Run:
                  "deadletters": collector.snapshot().deadletters if collector else 0,
                  "checkpoints": self._latest_checkpoints(),
                  "failed": [c.name for c in sup.failed()] if sup else []}
-        summary = write_report(self.run_dir, extra)
+        summary = write_report(self.run_dir, extra, max_episodes=self.recipe.worker.max_episodes)
         self.console.print(summary_text(summary))
         self.console.print(f"report: {self.run_dir}/summary.txt, plots in {self.run_dir}/plots, "
                            f"tensorboard --logdir {self.run_dir}/tensorboard")
@@ -196,13 +200,21 @@ class Run:
         trainers = [c for c in sup.components if c.name.startswith("trainer-")]
         live = Live(console=self.console, refresh_per_second=2, transient=False) if self.opts.dashboard else None
         with live if live is not None else contextlib.nullcontext():
-            last_line = 0.0
+            last_line = last_advice = 0.0
+            advice, regime = None, "unknown"
             while self.stop_reason == "running":
                 sup.poll()
                 snap = collector.snapshot()
+                if time.time() - last_advice > ADVICE_EVERY_S:
+                    last_advice = time.time()
+                    advice = advise(measure(rows_from_history(collector.history()), window_s=ADVICE_WINDOW_S,
+                                            max_episodes=self.recipe.worker.max_episodes))
+                    if advice.regime != regime:  # a change of regime is an event; its numbers are not
+                        regime = advice.regime
+                        self.event(f"scaling: {advice.line}")
                 if live is not None:
                     live.update(render(snap, self.recipe.policy_names, f"astraflow run {self.recipe.name}",
-                                       self.events))
+                                       self.events, advice.line if advice else None))
                 elif time.time() - last_line > 15:
                     last_line = time.time()
                     self._progress_line(snap)

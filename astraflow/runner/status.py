@@ -6,12 +6,14 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.panel import Panel
 
 from astraflow import broker
 from astraflow.config import KafkaSettings, load_recipe
 from astraflow.errors import ConfigError
 from astraflow.kafka import resolve
-from astraflow.runner.collector import Collector
+from astraflow.runner.advice import DEFAULT_MAX_EPISODES, advise, measure, rows_from_history
+from astraflow.runner.collector import Collector, Snapshot
 from astraflow.runner.dashboard import render
 from astraflow.runner.run import run_dir_of
 
@@ -38,7 +40,16 @@ def show_status(recipe_path: Path | None, bootstrap: str | None, run_dir: Path |
     snap = collector.snapshot()
     policies = recipe.policy_names if recipe else sorted(
         {i.id.split(".", 1)[1] for i in snap.of("trainer") if "." in i.id} | set(snap.weights))
-    Console().print(render(snap, policies, f"astraflow status ({settings.bootstrap})"))
+    max_episodes = recipe.worker.max_episodes if recipe else DEFAULT_MAX_EPISODES
+    Console().print(status_panel(snap, collector.history(), policies, f"astraflow status ({settings.bootstrap})",
+                                 max_episodes))
     if snap.metrics_seen == 0:
         raise ConfigError(f"no metrics in the last {since:.0f}s on {settings.topic('metrics')}: is a run going?")
     return 0
+
+
+def status_panel(snap: Snapshot, history: dict[tuple[str, str], list[tuple[int, float, dict[str, float]]]],
+                 policies: list[str], title: str, max_episodes: int = DEFAULT_MAX_EPISODES) -> Panel:
+    """The dashboard with the scaling advice measured over every metric read (the last `--since` seconds)."""
+    advice = advise(measure(rows_from_history(history), max_episodes=max_episodes))
+    return render(snap, policies, title, advice=advice.line)

@@ -47,6 +47,7 @@ def test_ctrl_c_leaves_nothing_running_and_a_second_run_resumes(tmp_path: Path) 
     assert steps_before >= 3
     for name in ("metrics.jsonl", "summary.txt", "plots/reward.png", "plots/throughput.png", "plots/staleness.png"):
         assert (run_dir / name).exists(), name
+    assert "\nscaling: " in (run_dir / "summary.txt").read_text()  # what bounded the run (advice.py)
     assert any((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
 
     target = steps_before + 3

@@ -59,6 +59,8 @@ def test_collector_reports_lag_dead_letters_metrics_and_weights(kafka: KafkaSett
     finally:
         collector.stop()
     assert snap.lag == {"tasks": (8 - 4) + (3 - 1)}
+    # every probe is kept for the scaling advice, which needs to see whether a lag grows
+    assert collector.history()[("collector", "lag")][-1][2] == {"lag.tasks": 6.0}
     assert snap.deadletters == 3
     trainer = snap.of("trainer")[0]
     assert (trainer.id, trainer.step, trainer.values["reward.mean"]) == ("trainer.solver", 7, 0.25)
@@ -79,6 +81,7 @@ def test_status_command_prints_the_dashboard_of_a_running_system(kafka: KafkaSet
     out = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out
     assert "solver" in out.stdout and "0.500" in out.stdout, out.stdout
+    assert "scaling: unknown: no trainer has reported steps" in out.stdout, out.stdout  # one step so far
 
 
 PROBE_FROM_THE_FIRST_SECOND = textwrap.dedent("""
