@@ -122,6 +122,7 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="recipe overrides, YAML values (e.g. max_staleness=4)")
     parser.add_argument("--no-full-addition", action="store_true", help="keep the recipe's own env_args")
+    parser.add_argument("--keep", type=Path, help="work in this directory and keep the run there")
     args = parser.parse_args()
     data = yaml.safe_load(args.recipe.read_text())
     if not args.no_full_addition and "arithmetic" in args.recipe.name:
@@ -131,7 +132,8 @@ def main() -> None:
         key, _, value = item.partition("=")
         override(data, key, yaml.safe_load(value))
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
+        work = args.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         recipe_file = work / "recipe.yaml"
         recipe_file.write_text(yaml.safe_dump(data))
         recipe = load_recipe(recipe_file)

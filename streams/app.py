@@ -149,7 +149,7 @@ def create_app(recipe: Recipe, *, kafka: KafkaSettings | None = None, data_dir: 
         broker_commit_interval=cfg.commit_every_s,
         consumer_auto_offset_reset="earliest",
         producer_max_batch_size=1 << 20,
-        producer_linger_ms=1,
+        producer_linger_ms=cfg.producer_linger_ms,
         key_serializer="raw",
         value_serializer="raw",
     )

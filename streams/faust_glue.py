@@ -58,6 +58,21 @@ class _IdempotentProducer(faust_aiokafka.Producer):
             await self.buffer.flush()
         await super().flush()
 
+    async def send_now(self) -> None:
+        """Send every buffered record now and wait for the broker's acknowledgements.
+
+        The producer lingers (`streams.producer_linger_ms`) so that the many small changelog writes
+        between two emissions share one produce request; a group's emission, which must wait for
+        its intent and then its Samples to be acknowledged, ends that linger here instead of
+        waiting it out. aiokafka has no public "send now": `flush_for_commit` (written for
+        transactions; aiokafka 0.10-0.12) closes every open batch, wakes the sender and waits
+        for them, which is exactly that."""
+        while self.buffer.size:
+            await self.buffer.flush()
+        producer = self._producer
+        if producer is not None:
+            await producer._message_accumulator.flush_for_commit()
+
 
 def next_commit(acked: list[int], committed: int | None) -> tuple[int | None, int]:
     """The offset to commit given the processed (acked) offsets, sorted, and the committed one.

@@ -278,6 +278,7 @@ class StreamsRuntime:
                 records = await self._recover(gid, meta, records)
             else:
                 self.collector.mark_intent(gid, time.time(), targets)
+                await self.send_now()
                 await asyncio.gather(*self.written())  # the intent is durable before any Sample exists
         futures = []
         self.emissions += bool(records)
@@ -289,6 +290,7 @@ class StreamsRuntime:
                                             partition=part))
             c.inc(f"samples.out.{policy}")
         futures += await self._send_summaries(summaries, wait=False)
+        await self.send_now()
         await asyncio.gather(*futures)
         await self._maybe_fail("after_emit", futures)
         done = time.time()
@@ -299,6 +301,12 @@ class StreamsRuntime:
             newest = max((t.created_at for t in group.trajectories), default=done)
             c.observe("latency.e2e_ms", max(0.0, done - newest) * 1000.0)
         await self._finish(gid, meta)
+
+    async def send_now(self) -> None:
+        """End the producer's linger for what was just sent (see `_IdempotentProducer.send_now`)."""
+        send_now = getattr(self.app.producer, "send_now", None)
+        if send_now is not None:
+            await send_now()
 
     async def _send_summaries(self, summaries: list[dict[str, Any]], wait: bool = True) -> list:
         futures = []

@@ -81,17 +81,20 @@ def optimizer_from_files(optimizer: torch.optim.Optimizer, tensors: dict[str, to
     optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
 
 
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _fsync_tree(path: Path) -> None:
     for file in path.rglob("*"):
         if file.is_file():
             with open(file, "rb") as fh:
                 os.fsync(fh.fileno())
-    for d in (path, path.parent):
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    _fsync_dir(path)
 
 
 def save_checkpoint(root: Path, snap: Snapshot, model: Any, tokenizer: Any, keep: int = 2) -> Path:
@@ -113,7 +116,7 @@ def save_checkpoint(root: Path, snap: Snapshot, model: Any, tokenizer: Any, keep
         if final.exists():  # only a leftover of a run whose later checkpoints were all lost
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_tree(final)
+        _fsync_dir(root)  # the rename is durable; the files were synced before it
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -41,6 +41,9 @@ from workers.follower import WeightFollower
 from workers.offsets import OffsetTracker
 
 log = logging.getLogger(__name__)
+#: How often the serving loop looks for new tasks and delivery acknowledgements when idle: a task
+#: waits at most this long after it is admitted (20 ms before: a tenth of a tiny recipe's step).
+POLL_TICK_S = 0.005
 
 
 def default_worker_id() -> str:
@@ -143,7 +146,7 @@ class Worker:
             self.publisher.poll(0)
             self._report()
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), 0.02)
+                await asyncio.wait_for(self.stopping.wait(), POLL_TICK_S)
 
     def _on_message(self, msg: Any) -> None:
         from confluent_kafka import KafkaError
@@ -218,9 +221,9 @@ class Worker:
     # ------------------------------------------------------------------ running a task
 
     async def _run_task(self, task: Task, partition: int, offset: int) -> None:
-        remaining = task.group_size
+        slots = [task.group_size]  # episode slots this task still holds; each episode frees its own
         try:
-            acks = await asyncio.gather(*(self._episode(task, k) for k in range(task.group_size)))
+            acks = await asyncio.gather(*(self._episode(task, k, slots) for k in range(task.group_size)))
             await asyncio.gather(*(a for batch in acks for a in batch))
         except asyncio.CancelledError:
             return
@@ -229,13 +232,20 @@ class Worker:
             self.stop()
             return
         finally:
-            self.pending_episodes -= remaining
+            self.pending_episodes -= slots[0]  # episodes cancelled before they started
             self.tasks.pop((partition, offset), None)
         self.counts["tasks_done"] += 1
         self._finished(partition, offset)
 
-    async def _episode(self, task: Task, k: int) -> list[asyncio.Future[None]]:
-        trajs, tokens = await run_episode(self.runtime, task, k, self.engines, self.worker_id, self.region)
+    async def _episode(self, task: Task, k: int, slots: list[int]) -> list[asyncio.Future[None]]:
+        """Run one episode and hand its trajectories to the producer. Its slot is free as soon as
+        it has finished (or failed, or was cancelled): the next task need not wait for the broker
+        to acknowledge this one's trajectories (the task's offset still does)."""
+        try:
+            trajs, tokens = await run_episode(self.runtime, task, k, self.engines, self.worker_id, self.region)
+        finally:
+            slots[0] -= 1
+            self.pending_episodes -= 1
         self.counts["episodes"] += 1
         self.counts["tokens"] += tokens
         return [self._publish(t) for t in trajs]
