@@ -148,6 +148,13 @@ def build_pipeline(config: StreamsConfig, ctx: StageContext) -> Pipeline:
                               f"route must be one of {', '.join(KINDS)}")
         if not callable(stage):
             raise ConfigError(f"{where}: {spec.name!r} is not callable with a Group")
+        if kind == "filter" and seen_advantage:
+            # the estimator already computed each group's baseline from the samples a later filter
+            # would drop: the advantages of the samples kept would be relative to the wrong mean
+            raise ConfigError(f"{where}: filter {spec.name!r} comes after the advantage estimator; "
+                              "put filters before it so the baseline is computed on what is trained")
+        if kind == "advantage" and seen_advantage:
+            raise ConfigError(f"{where}: a second advantage estimator {spec.name!r}; a pipeline has one")
         seen_advantage |= kind == "advantage"
         setup = getattr(stage, "setup", None)
         if callable(setup):

@@ -98,8 +98,10 @@ def test_bad_arguments_name_the_stage_and_key() -> None:
     (("validate", "grpo", "group", "route"), "'group' must follow 'validate'"),
     (("validate", "group", "route", "grpo"), "must end with 'route'"),
     (("validate", "group", "zero_variance", "route"), "no advantage estimator"),
-    (("validate", "group", "grpo", "grpo", "route"), "'grpo' appears more than once"),
+    (("validate", "group", "zero_variance", "zero_variance", "grpo", "route"), "'zero_variance' appears more than once"),
     (("validate", "group", "validate", "grpo", "route"), "may appear only once"),
+    (("validate", "group", "grpo", "zero_variance", "route"), r"filter 'zero_variance' comes after the advantage"),
+    (("validate", "group", "grpo", "rloo", "route"), "a second advantage estimator 'rloo'"),
 ])
 def test_pipeline_order_is_checked(names, message) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ConfigError, match=message):
