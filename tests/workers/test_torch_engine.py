@@ -45,6 +45,31 @@ def test_logprobs_match_teacher_forcing(tiny_checkpoint: Path, temperature: floa
     assert asyncio.run(main()) <= 1e-4
 
 
+def test_a_request_joins_a_running_wave(tiny_checkpoint: Path) -> None:
+    """A request submitted while a long wave decodes is served at the next decode step, with
+    log-probs still exact for both (their KV caches are merged with different padding)."""
+
+    async def main() -> None:
+        engine = TorchEngine("p", str(tiny_checkpoint), seed=4)
+        long_prompt, short_prompt = [1, 5, 6, 7, 8, 9, 10, 11], [1, 12]
+        params = SamplingParams(temperature=1.0, max_tokens=40)
+        first = asyncio.create_task(engine.generate(long_prompt, params))
+        while engine.forwards < 4:  # the first wave is decoding
+            await asyncio.sleep(0.001)
+        joined_at = engine.forwards
+        second = await engine.generate(short_prompt, SamplingParams(temperature=0.8, top_p=0.9, max_tokens=3))
+        assert not first.done(), "the second request waited for the first wave to end"
+        assert engine.forwards <= joined_at + 6  # a prefill of its own, then shared decode steps
+        result = await first
+        assert len(result.tokens) == 40 and len(second.tokens) == 3
+        for prompt, r, t, p in ((long_prompt, result, 1.0, 1.0), (short_prompt, second, 0.8, 0.9)):
+            ref = teacher_forced(engine, prompt, r.tokens, t, p)
+            assert (ref - torch.tensor(r.logprobs)).abs().max().item() <= 1e-4
+        await engine.close()
+
+    asyncio.run(main())
+
+
 def test_stop_and_length(tiny_checkpoint: Path) -> None:
     async def main() -> None:
         engine = TorchEngine("p", str(tiny_checkpoint), seed=0)

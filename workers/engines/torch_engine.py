@@ -2,14 +2,16 @@
 
 Episodes (asyncio tasks of the worker) submit requests; one engine thread gathers whatever is
 pending into a batch (a "wave"), prefills it left-padded, then decodes all rows together, dropping
-rows from the KV cache as they finish. Every token records the log-prob of the distribution it was
+rows from the KV cache as they finish. A request that arrives while a wave decodes joins it at the
+next decode step: it is prefilled on its own and its KV cache merged into the wave's (both
+left-padded to one length), so an episode never waits for a wave to end. Every token records the log-prob of the distribution it was
 drawn from (temperature, top-p and top-k applied: `astraflow/sampling.py`, the function the trainer
 uses too). CPU or CUDA, float32 or bfloat16 (log-probs are computed in float32).
 
 Versions under in-flight updates: between two decode steps the engine applies pending weight
 updates, but it keeps the wave's KV cache, which earlier weights computed. A token is therefore
 stamped with the *oldest* version that influenced it: the minimum over the versions of every forward
-pass of its wave so far (prefill included), not the version of the last pass. After a swap the rest
+pass of its row so far (its prefill included), not the version of the last pass. After a swap the rest
 of a running wave keeps the old stamp; the next wave starts clean on the new version. This is cheap
 (no re-prefill) and honest: staleness is never under-counted, so `max_staleness: 0` drops the samples
 holding such tokens instead of training on a behaviour distribution that no single version defines. Re-prefilling on a
@@ -213,8 +215,20 @@ class TorchEngine:
                          use_cache=True)
         return out.logits[:, -1, :]
 
-    @torch.inference_mode()
-    def _wave(self, batch: list[_Request]) -> None:
+    def _take_pending(self, room: int) -> list[_Request]:
+        """Requests waiting for the engine, at most `room` of them (in-flight joining)."""
+        out: list[_Request] = []
+        if room <= 0 or not self._pending:
+            return out
+        with self._cv:
+            while self._pending and len(out) < room:
+                req = self._pending.popleft()
+                if not req.cancelled:
+                    out.append(req)
+        return out
+
+    def _prefill(self, batch: list[_Request]) -> _Rows | None:
+        """Prefill `batch` (left-padded) into a fresh KV cache; None if no request has room left."""
         from transformers import DynamicCache
 
         rows: list[_Request] = []
@@ -227,7 +241,7 @@ class TorchEngine:
             rows.append(req)
             budget.append(room)
         if not rows:
-            return
+            return None
         dev = self.device
         width = max(len(r.prompt) for r in rows)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
@@ -237,45 +251,99 @@ class TorchEngine:
             mask[i, width - len(r.prompt):] = 1
         ids, mask = ids.to(dev), mask.to(dev)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        temps = torch.tensor([r.params.temperature for r in rows], device=dev)
-        tops = torch.tensor([r.params.top_p for r in rows], device=dev)
-        topks = torch.tensor([r.params.top_k for r in rows], device=dev)
         cache = DynamicCache()
         logits = self._forward(ids, mask, pos, cache)
-        version = self._version  # the oldest version in this wave's KV cache (see the module docstring)
-        last_pos = pos[:, -1]
-        while True:
-            logp = sampling_logprobs(logits, temps, tops, topks)
+        return _Rows(rows, budget, [self._version] * len(rows), cache, mask, pos[:, -1], logits,
+                     torch.tensor([r.params.temperature for r in rows], device=dev),
+                     torch.tensor([r.params.top_p for r in rows], device=dev),
+                     torch.tensor([r.params.top_k for r in rows], device=dev))
+
+    @torch.inference_mode()
+    def _wave(self, batch: list[_Request]) -> None:
+        """Decode `batch` together until every row has finished. Requests that arrive meanwhile
+        join at the next decode step (prefilled on their own, their KV cache merged in), so an
+        episode never waits for a whole wave to end."""
+        wave = self._prefill(batch)
+        while wave is not None:
+            logp = sampling_logprobs(wave.logits, wave.temps, wave.tops, wave.topks)
             tokens, lps = sample(logp, self.generator)
             tok_list, lp_list = tokens.tolist(), lps.tolist()
             keep: list[int] = []
-            for i, r in enumerate(rows):
+            for i, r in enumerate(wave.rows):
                 res = r.result
                 res.tokens.append(tok_list[i])
                 res.logprobs.append(lp_list[i])
-                res.versions.append(version)
+                res.versions.append(wave.oldest[i])
                 if r.cancelled:
                     res.finish_reason = "aborted"
                 elif tok_list[i] in r.params.stop_token_ids:
                     res.finish_reason = "stop"
-                elif len(res.tokens) >= budget[i]:
+                elif len(res.tokens) >= wave.budget[i]:
                     res.finish_reason = "length"
                 else:
                     keep.append(i)
                     continue
                 r.loop.call_soon_threadsafe(_resolve, r.future, res)
-            self.tokens_generated += len(rows)
+            self.tokens_generated += len(wave.rows)
             if not keep:
-                return
-            if len(keep) < len(rows):
-                idx = torch.tensor(keep, device=dev)
-                cache.batch_select_indices(idx)
-                rows = [rows[i] for i in keep]
-                budget = [budget[i] for i in keep]
-                tokens, mask, last_pos, temps, tops, topks = (
-                    t[idx] for t in (tokens, mask, last_pos, temps, tops, topks)
-                )
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            last_pos = last_pos + 1
-            logits = self._forward(tokens.unsqueeze(-1), mask, last_pos.unsqueeze(-1), cache)
-            version = min(version, self._version)
+                return  # the run loop starts the next wave with whatever is pending
+            if len(keep) < len(wave.rows):
+                wave.select(keep)
+                tokens = tokens[torch.tensor(keep, device=self.device)]
+            wave.mask = torch.cat([wave.mask, torch.ones_like(wave.mask[:, :1])], dim=1)
+            wave.last_pos = wave.last_pos + 1
+            wave.logits = self._forward(tokens.unsqueeze(-1), wave.mask, wave.last_pos.unsqueeze(-1), wave.cache)
+            # the oldest version in each row's KV cache (see the module docstring)
+            wave.oldest = [min(v, self._version) for v in wave.oldest]
+            joining = self._prefill(self._take_pending(self.max_batch - len(wave.rows)))
+            if joining is not None:
+                wave.extend(joining)
+
+
+@dataclass
+class _Rows:
+    """The requests decoding together; row i of every tensor belongs to rows[i]."""
+
+    rows: list[_Request]
+    budget: list[int]
+    oldest: list[int]  # the oldest weight version in each row's KV cache
+    cache: Any  # transformers DynamicCache over `mask`'s positions
+    mask: torch.Tensor  # [B, L] attention mask of the cache (0: left padding)
+    last_pos: torch.Tensor  # [B] position id of each row's last token
+    logits: torch.Tensor  # [B, V] next-token logits
+    temps: torch.Tensor
+    tops: torch.Tensor
+    topks: torch.Tensor
+
+    def select(self, keep: list[int]) -> None:
+        idx = torch.tensor(keep, device=self.mask.device)
+        self.cache.batch_select_indices(idx)
+        self.rows = [self.rows[i] for i in keep]
+        self.budget = [self.budget[i] for i in keep]
+        self.oldest = [self.oldest[i] for i in keep]
+        self.mask, self.last_pos, self.logits, self.temps, self.tops, self.topks = (
+            t[idx] for t in (self.mask, self.last_pos, self.logits, self.temps, self.tops, self.topks))
+
+    def extend(self, other: _Rows) -> None:
+        """Append `other`'s rows: both caches are left-padded to one length and concatenated
+        (padding is masked, and positions are per row, so no row sees another's change)."""
+        length = max(self.mask.shape[1], other.mask.shape[1])
+
+        def pad(t: torch.Tensor, dim_from_end: int) -> torch.Tensor:
+            missing = length - t.shape[-dim_from_end]
+            if missing == 0:
+                return t
+            spec = [0, 0] * (dim_from_end - 1) + [missing, 0]
+            return torch.nn.functional.pad(t, spec)
+
+        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
+            mine.keys = torch.cat([pad(mine.keys, 2), pad(theirs.keys, 2)])
+            mine.values = torch.cat([pad(mine.values, 2), pad(theirs.values, 2)])
+        self.mask = torch.cat([pad(self.mask, 1), pad(other.mask, 1)])
+        self.rows += other.rows
+        self.budget += other.budget
+        self.oldest += other.oldest
+        self.last_pos, self.logits, self.temps, self.tops, self.topks = (
+            torch.cat([a, b]) for a, b in ((self.last_pos, other.last_pos), (self.logits, other.logits),
+                                           (self.temps, other.temps), (self.tops, other.tops),
+                                           (self.topks, other.topks)))
