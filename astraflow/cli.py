@@ -55,12 +55,31 @@ def fail(message: str, code: int = 1) -> typer.Exit:
 def broker_start(
     port: Annotated[int, typer.Option(help="Client port on 127.0.0.1 (0: any free port).")] = 9092,
     data_dir: DataDir = None,
-    heap: Annotated[str, typer.Option(help="JVM heap.")] = "512m",
+    heap: Annotated[str | None, typer.Option(help="JVM heap of each node (default: 512m, 256m per node of a "
+                                                  "cluster).")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the broker to answer.")] = 180.0,
+    nodes: Annotated[int, typer.Option(help="KRaft nodes (combined broker+controller, a quorum of all): 3 makes a "
+                                            "local cluster that survives one node's death (default data dir "
+                                            "$ASTRAFLOW_HOME/cluster; --port is the first node's).")] = 1,
 ) -> None:
     """Start the broker (or report the one already running) and print its bootstrap address."""
     from astraflow import broker
 
+    if nodes > 1:
+        from astraflow.broker import cluster
+
+        try:
+            cs = cluster.start(nodes, port=port, data_dir=data_dir, heap=heap or "256m", timeout=max(timeout, 240.0),
+                               progress=lambda m: console.print(m, highlight=False))
+        except AstraFlowError as exc:
+            raise fail(str(exc)) from None
+        console.print(f"Kafka {broker.kafka_version()} cluster of {nodes} nodes is up (PIDs "
+                      f"{', '.join(map(str, cs.pids))}); data {cs.data_dir}", highlight=False)
+        console.print(f"use it with: export ASTRAFLOW_BOOTSTRAP={cs.bootstrap} ASTRAFLOW_TOPICS_PROFILE=replicated",
+                      highlight=False)
+        out.print(cs.bootstrap, highlight=False)
+        return
+    heap = heap or "512m"
     try:
         state = broker.start(port=port, data_dir=data_dir, heap=heap, timeout=timeout,
                              progress=lambda m: console.print(m, highlight=False))
@@ -76,9 +95,16 @@ def broker_stop(
     data_dir: DataDir = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait after SIGTERM before SIGKILL.")] = 30.0,
 ) -> None:
-    """Stop the broker gracefully, by its recorded PID."""
+    """Stop the broker (every node of a cluster) gracefully, by its recorded PIDs."""
     from astraflow import broker
+    from astraflow.broker import cluster
 
+    where = _cluster_dir(data_dir)
+    if where is not None:
+        cs = cluster.stop(where, timeout)
+        console.print(f"stopped the cluster on {cs.bootstrap}" if cs else "no node of the cluster was running",
+                      highlight=False)
+        return
     state = broker.stop(data_dir, timeout)
     if state is None:
         console.print("no broker was running there")
@@ -88,9 +114,21 @@ def broker_stop(
 
 @broker_app.command("status")
 def broker_status(data_dir: DataDir = None) -> None:
-    """Say whether the broker runs and answers; exit 1 if not."""
+    """Say whether the broker (each node of a cluster) runs and answers; exit 1 if not."""
     from astraflow import broker
+    from astraflow.broker import cluster
 
+    where = _cluster_dir(data_dir)
+    if where is not None:
+        cs, up, listed = cluster.status(where)
+        assert cs is not None
+        for i, (port, pid) in enumerate(zip(cs.ports, cs.pids, strict=True)):
+            out.print(f"node {i + 1}: 127.0.0.1:{port} PID {pid} {'running' if up[i] else 'DOWN'}; "
+                      f"log {cs.node_dir(i) / 'logs' / 'kafka.log'}", highlight=False)
+        out.print(f"{cs.bootstrap}: {listed} of {len(cs.ports)} brokers in the cluster metadata", highlight=False)
+        if listed < len(cs.ports):
+            raise typer.Exit(1)
+        return
     state, answering = broker.status(data_dir)
     if state is None:
         raise fail("no broker is running (start one with `astraflow broker start`)")
@@ -99,6 +137,19 @@ def broker_status(data_dir: DataDir = None) -> None:
               highlight=False)
     if not answering:
         raise typer.Exit(1)
+
+
+def _cluster_dir(data_dir: Path | None) -> Path | None:
+    """The cluster directory `stop`/`status` mean: the given one if it holds a cluster, else (with
+    no --data-dir and no single broker running) the default cluster's."""
+    from astraflow import broker
+    from astraflow.broker import cluster
+
+    if data_dir is not None:
+        return data_dir if cluster.is_cluster(data_dir) else None
+    if broker.local_bootstrap() is None and cluster.is_cluster(cluster.default_cluster_dir()):
+        return cluster.default_cluster_dir()
+    return None
 
 
 @broker_app.command("fetch")
@@ -149,6 +200,8 @@ def topics_apply(
     policies: Annotated[str | None, typer.Option(help="Comma-separated policies for {policy} templates.")] = None,
     recipe: Recipe = None,
     bootstrap: Bootstrap = None,
+    profile: Annotated[str | None, typer.Option(help="A profile of topics.yaml laid over every topic, e.g. "
+                                                     "`replicated` (default: $ASTRAFLOW_TOPICS_PROFILE).")] = None,
 ) -> None:
     """Create missing topics, grow partitions and converge configs. Idempotent."""
     from astraflow import topics
@@ -157,11 +210,11 @@ def topics_apply(
     try:
         spec = topics.load_spec(file or topics.DEFAULT_SPEC)
         settings = _settings_from(recipe, bootstrap)
-        specs = topics.expand(spec, _policies_from(policies, recipe), settings)
+        specs = topics.expand(spec, _policies_from(policies, recipe), settings, profile=profile)
         report = topics.apply(make_admin(settings), specs)
     except AstraFlowError as exc:
         raise fail(str(exc)) from None
-    table = Table("topic", "partitions", "cleanup", "change", title=f"topics on {settings.bootstrap}")
+    table = Table("topic", "partitions", "replicas", "cleanup", "change", title=f"topics on {settings.bootstrap}")
     grown = {n: (a, b) for n, a, b in report.grown}
     reconf = dict(report.reconfigured)
     for s in specs:
@@ -173,7 +226,7 @@ def topics_apply(
             change = "configs: " + ", ".join(f"{k}={v}" for k, v in reconf[s.name].items())
         else:
             change = "unchanged"
-        table.add_row(s.name, str(s.partitions), s.configs["cleanup.policy"], change)
+        table.add_row(s.name, str(s.partitions), str(s.replication), s.configs["cleanup.policy"], change)
     out.print(table)
     for w in report.warnings:
         console.print(f"[yellow]warning:[/] {w}", highlight=False)

@@ -75,9 +75,32 @@ class TopicEntry(StrictModel):
         return v
 
 
+class TopicProfile(StrictModel):
+    """Settings laid over every topic for one kind of cluster (`apply --profile NAME`), e.g. a
+    replicated cluster: the same topics, each with more copies."""
+
+    replication: int | None = Field(default=None, ge=1, le=16)
+    """Replication factor of every topic (overrides the defaults and each topic's own)."""
+    min_insync_replicas: int | None = Field(default=None, ge=1, le=16)
+    """Kafka min.insync.replicas of every topic: with acks=all (every AstraFlow producer), a write
+    succeeds only once this many replicas have it, so losing fewer than that many brokers loses
+    no acknowledged record. Must be at most the replication."""
+    configs: dict[str, str] = Field(default_factory=dict)
+    """Further Kafka topic configs for every topic, verbatim."""
+
+    @field_validator("configs", mode="before")
+    @classmethod
+    def _stringify(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: str(x) for k, x in v.items()}
+        return v
+
+
 class TopicsFile(StrictModel):
     version: Literal[1] = 1
     defaults: TopicDefaults = TopicDefaults()
+    profiles: dict[str, TopicProfile] = Field(default_factory=dict)
+    """Named overlays chosen with `--profile` (or $ASTRAFLOW_TOPICS_PROFILE)."""
     topics: dict[str, TopicEntry]
 
 
@@ -111,9 +134,24 @@ def load_spec(path: str | Path = DEFAULT_SPEC) -> TopicsFile:
     return spec
 
 
-def expand(spec: TopicsFile, policies: list[str] | None, settings: KafkaSettings | None = None) -> list[TopicSpec]:
-    """Concrete topics for the given policies, with the namespace prefix of `settings`."""
+def profile_of(spec: TopicsFile, name: str | None) -> TopicProfile:
+    """The named profile; with no name, $ASTRAFLOW_TOPICS_PROFILE's (so `astraflow run` and every
+    component apply the same one), else none."""
+    name = name or os.environ.get("ASTRAFLOW_TOPICS_PROFILE") or None
+    if name is None:
+        return TopicProfile()
+    if name not in spec.profiles:
+        known = ", ".join(sorted(spec.profiles)) or "none"
+        raise ConfigError(f"unknown topic profile {name!r}; topics.yaml defines: {known}")
+    return spec.profiles[name]
+
+
+def expand(spec: TopicsFile, policies: list[str] | None, settings: KafkaSettings | None = None,
+           profile: str | None = None) -> list[TopicSpec]:
+    """Concrete topics for the given policies, with the namespace prefix of `settings` and the
+    overlay of `profile` (see `profile_of`)."""
     settings = settings or KafkaSettings()
+    over = profile_of(spec, profile)
     out: list[TopicSpec] = []
     for base, entry in spec.topics.items():
         if "{policy}" in base:
@@ -128,11 +166,18 @@ def expand(spec: TopicsFile, policies: list[str] | None, settings: KafkaSettings
             "retention.ms": str(entry.retention_ms if entry.retention_ms is not None else d.retention_ms),
             "max.message.bytes": str(entry.max_message_bytes or d.max_message_bytes),
             **entry.configs,
+            **over.configs,
         }
+        replication = over.replication or entry.replication or d.replication
+        if over.min_insync_replicas is not None:
+            if over.min_insync_replicas > replication:
+                raise ConfigError(f"topic {base}: min_insync_replicas {over.min_insync_replicas} exceeds its "
+                                  f"replication {replication}: every acks=all write would be refused")
+            configs["min.insync.replicas"] = str(over.min_insync_replicas)
         for name in names:
             out.append(TopicSpec(
                 name=settings.topic(name), base=base, record=entry.record,
-                partitions=entry.partitions or d.partitions, replication=entry.replication or d.replication,
+                partitions=entry.partitions or d.partitions, replication=replication,
                 configs=configs,
             ))
     return out
@@ -197,6 +242,10 @@ def apply(admin: Any, specs: list[TopicSpec], timeout: float = 30.0) -> ApplyRep
     present = [s for s in specs if s.name in existing]
     grow = [s for s in present if len(existing[s.name].partitions) < s.partitions]
     for s in present:
+        copies = min((len(p.replicas) for p in existing[s.name].partitions.values()), default=s.replication)
+        if copies != s.replication:
+            report.warnings.append(f"{s.name} has {copies} replica(s), not the {s.replication} of the spec "
+                                   f"(apply does not move replicas: use kafka-reassign-partitions)")
         have = len(existing[s.name].partitions)
         if have > s.partitions:
             report.warnings.append(f"{s.name} has {have} partitions, more than the {s.partitions} of the "

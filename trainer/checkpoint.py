@@ -28,9 +28,9 @@ STEP_RE = re.compile(r"^step-(\d{8})$")
 STATE_FILE = "trainer_state.json"
 
 
-def optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """AdamW state as safetensors-ready tensors (copies: training may go on) plus JSON-ready metadata."""
-    sd = optimizer.state_dict()
+def optimizer_to_files(sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """An index-keyed AdamW state dict (`optimizer.state_dict()`, or the full one FSDP gathers) as
+    safetensors-ready tensors (copies: training may go on) plus JSON-ready metadata."""
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, Any] = {}
     for idx, st in sd["state"].items():
@@ -42,12 +42,12 @@ def optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torc
     return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
 
 
-def copy_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state dict as CPU copies, tied tensors still sharing one copy (so
+def copy_state(model_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A model state dict as CPU copies, tied tensors still sharing one copy (so
     `save_pretrained` sees them tied, as it would the live model)."""
     copies: dict[int, torch.Tensor] = {}
     out = {}
-    for name, tensor in model.state_dict().items():
+    for name, tensor in model_state.items():
         ptr = tensor.data_ptr()
         if ptr not in copies:
             copies[ptr] = tensor.detach().to("cpu", copy=True)
@@ -67,18 +67,20 @@ class Snapshot:
     state: dict[str, Any]
 
 
-def snapshot(step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> Snapshot:
-    tensors, meta = optimizer_to_files(optimizer)
-    return Snapshot(step, copy_state(model), tensors, meta, state)
+def snapshot(step: int, model_state: dict[str, torch.Tensor], optimizer_state: dict[str, Any],
+             state: dict[str, Any]) -> Snapshot:
+    """Copies of `Engine.full_state()` (model and optimiser state dicts) and the trainer's state."""
+    tensors, meta = optimizer_to_files(optimizer_state)
+    return Snapshot(step, copy_state(model_state), tensors, meta, state)
 
 
-def optimizer_from_files(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
-                         meta: dict[str, Any]) -> None:
+def optimizer_from_files(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    """The index-keyed optimiser state dict that `optimizer_to_files` wrote."""
     state: dict[int, dict[str, Any]] = {}
     for name, value in [*tensors.items(), *meta["scalars"].items()]:
         idx, key = name.split(".", 1)
         state.setdefault(int(idx), {})[key] = value
-    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    return {"state": state, "param_groups": meta["param_groups"]}
 
 
 def _fsync_dir(path: Path) -> None:
@@ -145,8 +147,9 @@ def read_state(path: Path) -> dict[str, Any]:
     return json.loads((path / STATE_FILE).read_text())
 
 
-def load_optimizer(path: Path, optimizer: torch.optim.Optimizer) -> None:
+def read_optimizer(path: Path) -> dict[str, Any]:
+    """The checkpoint's optimiser state dict (for `Engine.load_optimizer`)."""
     from safetensors.torch import load_file
 
     meta = json.loads((path / "optimizer.json").read_text())
-    optimizer_from_files(optimizer, load_file(str(path / "optimizer.safetensors")), meta)
+    return optimizer_from_files(load_file(str(path / "optimizer.safetensors")), meta)

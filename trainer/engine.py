@@ -6,7 +6,8 @@ A batch is padded into rows, sorted by length and cut into micro-batches of at m
 divided by the batch-wide token (or sequence) count, so the sum over micro-batches, and over
 data-parallel ranks, is exactly the batch's loss. Under DDP every rank runs its rows and the
 gradients are all-reduced once, on the last micro-batch (DDP averages, so the loss is scaled by the
-world size to keep the sum). The learning rate follows a linear warm-up, set explicitly each step
+world size to keep the sum). Under FSDP2 (`trainer.parallel: fsdp`, trainer/sharding.py) the same
+holds with a reduce-scatter, which also averages. The learning rate follows a linear warm-up, set explicitly each step
 so that nothing but the step number needs checkpointing.
 
 M2PO's mask is a property of the whole batch (the largest squared log-ratios of all its tokens),
@@ -43,8 +44,10 @@ import numpy as np
 import torch
 
 from astraflow.config.trainer import TrainerConfig
+from astraflow.errors import AstraFlowError
 from astraflow.records import Sample
 from astraflow.sampling import SamplingSettings
+from trainer import sharding
 from trainer.losses import LossSettings, log_ratio, m2po_cut, policy_loss, token_logprobs
 
 #: Sums reduced over micro-batches and ranks (order matters: they travel as one tensor).
@@ -129,7 +132,17 @@ class Engine:
         self.distributed = distributed
         self.world = torch.distributed.get_world_size() if distributed else 1
         self.wrapped: torch.nn.Module = self.model
-        if distributed:
+        #: FSDP2: parameters and optimiser state are sharded across the ranks (trainer/sharding.py)
+        self.sharded = distributed and cfg.parallel == "fsdp"
+        #: under FSDP, rank 0's copy of the full weights as loaded, published as version 0 by
+        #: `state_dict()` before the first step (only rank 0 publishes, so it cannot gather then)
+        self._initial_state: dict[str, torch.Tensor] | None = None
+        self._steps = 0
+        if self.sharded:
+            if torch.distributed.get_rank() == 0:
+                self._initial_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+            sharding.shard(self.model)  # in place: the model is its own wrapper
+        elif distributed:
             from torch.nn.parallel import DistributedDataParallel
 
             self.wrapped = DistributedDataParallel(
@@ -196,6 +209,11 @@ class Engine:
         if not len(rows):  # a rank without rows still joins the gradient all-reduce, with zeros
             rows = Rows(torch.full((1, 2), self.pad_id), torch.tensor([2]), *(torch.zeros(1, 1) for _ in range(3)))
         parts = micro_batches(rows, self.cfg.micro_batch_tokens)
+        if self.sharded:  # every pass all-gathers: every rank must run as many
+            count = torch.tensor([len(parts)])
+            torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+            parts += [Rows(torch.full((1, 2), self.pad_id), torch.tensor([2]), *(torch.zeros(1, 1) for _ in range(3)))
+                      for _ in range(int(count) - len(parts))]
         keeps: list[torch.Tensor | None] = [None] * len(parts)
         m2po: dict[str, float] = {}
         sums = dict.fromkeys(STAT_KEYS, 0.0)
@@ -206,14 +224,18 @@ class Engine:
             for i, mb in enumerate(parts):
                 sync = i == len(parts) - 1
                 no_sync: Any = contextlib.nullcontext()
-                if self.distributed and not sync:  # accumulate locally; all-reduce on the last micro-batch
+                if self.sharded:  # FSDP2: keep unsharded gradients locally, reduce-scatter on the last
+                    self.model.set_requires_gradient_sync(sync)  # type: ignore[operator]
+                elif self.distributed and not sync:  # accumulate locally; all-reduce on the last micro-batch
                     no_sync = self.wrapped.no_sync()  # type: ignore[operator]
                 with no_sync:
                     for k, v in self._micro_step(mb, settings, num_tokens, num_seqs, keeps[i]).items():
                         sums[k] += v
         params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm or float("inf"))
+        norm = sharding.full_tensor(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm or float("inf")))
         self.optimizer.step()
+        self._steps += 1
+        self._initial_state = None
         stats = torch.tensor([sums[k] for k in STAT_KEYS], dtype=torch.float64)
         if self.distributed:
             torch.distributed.all_reduce(stats)
@@ -314,5 +336,26 @@ class Engine:
         return token_logprobs(logits, tokens, self.sampling, with_entropy=False)[0]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The float32 master weights (what gets published, cast to the weights dtype)."""
-        return self.model.state_dict()
+        """The float32 master weights (what gets published, cast to the weights dtype). Under FSDP
+        only rank 0's weights as loaded, before the first step: later ones need `full_state()`."""
+        if not self.sharded:
+            return self.model.state_dict()
+        if self._initial_state is None:
+            raise AstraFlowError("under FSDP the weights after a step are gathered by Engine.full_state() "
+                                 "on every rank; state_dict() only gives rank 0 the weights as loaded")
+        return self._initial_state
+
+    def full_state(self) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any] | None]:
+        """(model state dict, index-keyed optimiser state dict) for publication and checkpoints:
+        live references without FSDP; under FSDP gathered on rank 0 (CPU copies), None on the
+        other ranks, and a collective that every rank must call at the same point."""
+        if not self.sharded:
+            return self.model.state_dict(), self.optimizer.state_dict()
+        return sharding.full_model_state(self.model), sharding.full_optimizer_state(self.model, self.optimizer)
+
+    def load_optimizer(self, state: dict[str, Any]) -> None:
+        """Restore an index-keyed optimiser state dict (from a DDP or an FSDP checkpoint alike)."""
+        if self.sharded:
+            sharding.load_full_optimizer_state(self.model, self.optimizer, state)
+        else:
+            self.optimizer.load_state_dict(state)

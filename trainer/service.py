@@ -126,7 +126,7 @@ class Trainer:
         self.engine = Engine(model, self.cfg, self.device, ref_model=ref, distributed=self.dist.enabled,
                              pad_id=self.tokenizer.pad_token_id, sampling=SamplingSettings.of(self.recipe.worker))
         if latest is not None:
-            ckpt.load_optimizer(latest, self.engine.optimizer)
+            self.engine.load_optimizer(ckpt.read_optimizer(latest))
             state = ckpt.read_state(latest)
             self.step, self.version = state["step"], state["version"]
             self.engine.serving_published = self.version >= 1
@@ -284,6 +284,9 @@ class Trainer:
                 self._publish()
             elif self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
                 self._checkpoint()
+        elif self.step % self.cfg.publish_every == 0 or (
+                self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0):
+            self._gather_for_leader()
 
     def _finish_batch(self, batch: Batch, stats: dict[str, float]) -> None:
         self.buffer.done(batch, self.step)
@@ -343,7 +346,13 @@ class Trainer:
         state: dict[str, Any] = {"policy": self.policy, "version": version, "batches": self.batches,
                                  "time": time.time(), "host": socket.gethostname(), "topic": self.topic,
                                  "buffer": self.buffer.state()}
-        return ckpt.snapshot(self.step, self.engine.model, self.engine.optimizer, state)
+        return ckpt.snapshot(self.step, *self.engine.full_state(), state)  # type: ignore[arg-type]
+
+    def _gather_for_leader(self) -> None:
+        """Other ranks under FSDP: take part in gathering the full state the leader checkpoints."""
+        if self.engine.sharded:
+            self.engine.full_state()
+        self.last_checkpoint = self.step
 
     def _checkpoint(self) -> None:
         """A checkpoint of the current version, written now (between publications and at the end)."""
@@ -394,5 +403,7 @@ class Trainer:
             self.publisher.flush()
             if self.server is not None:
                 self.server.close()
+        elif clean and self.step > self.last_checkpoint:  # the leader's final checkpoint, above
+            self._gather_for_leader()
         if clean:
             distributed.shutdown(self.dist)

@@ -191,11 +191,16 @@ def log_tail(path: Path, lines: int = 30) -> str:
 # --------------------------------------------------------------------------------------- start/stop
 
 
-def _server_properties(data_dir: Path, port: int, controller_port: int) -> str:
+def _server_properties(data_dir: Path, port: int, controller_port: int, node_id: int = 1,
+                       voters: str | None = None, replicas: int = 1) -> str:
+    """A combined broker+controller node. One node by default; a cluster (astraflow/broker/cluster.py)
+    passes each node its id, the static voter set of every node, and `replicas` for the internal
+    topics (consumer offsets, transactions, share groups), kept at min ISR replicas - 1."""
+    min_isr = str(max(1, replicas - 1))
     props = {
         "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "node.id": str(node_id),
+        "controller.quorum.voters": voters or f"{node_id}@127.0.0.1:{controller_port}",
         "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
         "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
@@ -203,15 +208,17 @@ def _server_properties(data_dir: Path, port: int, controller_port: int) -> str:
         "inter.broker.listener.name": "PLAINTEXT",
         "log.dirs": str(data_dir / "data"),
         "num.partitions": "1",
+        # topics take replication and min.insync.replicas from topics.yaml (a profile); a broker-wide
+        # min ISR above a topic's replication would refuse every acks=all write to it
         "default.replication.factor": "1",
         "min.insync.replicas": "1",
-        "offsets.topic.replication.factor": "1",
+        "offsets.topic.replication.factor": str(replicas),
         "offsets.topic.num.partitions": "4",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.replication.factor": str(replicas),
+        "transaction.state.log.min.isr": min_isr,
         "transaction.state.log.num.partitions": "4",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": str(replicas),
+        "share.coordinator.state.topic.min.isr": min_isr,
         "group.initial.rebalance.delay.ms": "0",
         # Topics come from topics.yaml (or from Faust's own admin calls): a typo must not create one.
         "auto.create.topics.enable": "false",
@@ -314,15 +321,22 @@ def die_with_parent_signal() -> None:  # pragma: no cover - runs in the child be
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
 
 
-def _format_storage(java: str, libs: Path, data_dir: Path, props: Path, state: BrokerState | None) -> str:
+def new_cluster_id() -> str:
+    cluster_id = "-"
+    while cluster_id.startswith("-"):  # as Kafka's Uuid.randomUuid: the tool's parser takes "-x" for an option
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    return cluster_id
+
+
+def _format_storage(java: str, libs: Path, data_dir: Path, props: Path, state: BrokerState | None,
+                    cluster_id: str | None = None) -> str:
+    """Format `data_dir/data` once (with `cluster_id`, or a new one); returns the id it holds."""
     meta = data_dir / "data" / "meta.properties"
     if meta.exists():
         match = re.search(r"cluster\.id=(\S+)", meta.read_text())
         if match:
             return match.group(1)
-    cluster_id = "-"
-    while cluster_id.startswith("-"):  # as Kafka's Uuid.randomUuid: the tool's parser takes "-x" for an option
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    cluster_id = cluster_id or new_cluster_id()
     cmd = [java, "-Xmx256m", f"-Dlog4j2.configurationFile=file:{LOG4J}", f"-Dkafka.logs.dir={data_dir / 'logs'}",
            "-cp", f"{libs}/*", "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props),
            "--ignore-formatted"]

@@ -155,6 +155,12 @@ class TrainerConfig(StrictModel):
     """The policy-gradient loss."""
     device: str = "auto"
     """Torch device: `auto` (CUDA when available, else CPU), `cpu`, `cuda`, `cuda:1`, ..."""
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    """Data parallelism under torchrun (ignored in one process): `ddp`, every rank holds the whole
+    model and optimiser and gradients are all-reduced; `fsdp`, FSDP2 `fully_shard` per decoder
+    layer, so each rank holds 1/world of the parameters, gradients and AdamW moments (models that
+    do not fit one device). Losses are the same; published weights and checkpoints are the full
+    state gathered on rank 0, in the same layout either way."""
     autocast: Literal["none", "bfloat16"] = "none"
     """Mixed precision for forward/backward (master weights stay float32)."""
     dedupe_window: int = Field(default=100_000, ge=1)

@@ -38,6 +38,32 @@ def test_templates_need_policies() -> None:
         topics.expand(topics.load_spec(), None)
 
 
+def test_the_replicated_profile_puts_every_topic_on_3_brokers_with_2_in_sync(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ASTRAFLOW_TOPICS_PROFILE", raising=False)
+    spec = topics.load_spec()
+    plain = topics.expand(spec, ["p"])
+    assert {s.replication for s in plain} == {1} and all("min.insync.replicas" not in s.configs for s in plain)
+    replicated = topics.expand(spec, ["p"], profile="replicated")
+    assert [s.name for s in replicated] == [s.name for s in plain]
+    for before, after in zip(plain, replicated, strict=True):
+        assert after.replication == 3 and after.configs["min.insync.replicas"] == "2"
+        assert after.partitions == before.partitions  # only the copies change
+        assert {k: v for k, v in after.configs.items() if k != "min.insync.replicas"} == before.configs
+    monkeypatch.setenv("ASTRAFLOW_TOPICS_PROFILE", "replicated")  # what `astraflow run` applies
+    assert topics.expand(spec, ["p"]) == replicated
+
+
+def test_profile_errors_name_the_problem(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown topic profile 'replicatd'; topics.yaml defines: replicated"):
+        topics.expand(topics.load_spec(), ["p"], profile="replicatd")
+    bad = spec_file(tmp_path, lambda d: d["profiles"].update(odd={"replication": 2, "min_insync_replicas": 3}))
+    with pytest.raises(ConfigError, match="min_insync_replicas 3 exceeds its replication 2"):
+        topics.expand(topics.load_spec(bad), ["p"], profile="odd")
+    typo = spec_file(tmp_path, lambda d: d["profiles"]["replicated"].update(min_isr=2))
+    with pytest.raises(ConfigError, match="profiles.replicated.min_isr"):
+        topics.load_spec(typo)
+
+
 def spec_file(tmp_path: Path, mutate) -> Path:  # type: ignore[no-untyped-def]
     data = yaml.safe_load(topics.DEFAULT_SPEC.read_text())
     mutate(data)

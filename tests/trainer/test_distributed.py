@@ -55,7 +55,8 @@ def test_two_gloo_processes_compute_the_same_gradients_and_weights(tmp_path: Pat
 
 
 @pytest.mark.broker
-def test_the_trainer_under_torchrun_trains_like_one_process(kafka, topics, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_the_trainer_under_torchrun_trains_like_one_process(kafka, topics, tmp_path: Path, parallel: str) -> None:  # type: ignore[no-untyped-def]
     import yaml
 
     from tests.trainer.synth import make_group, produce, read_topic, recipe
@@ -64,15 +65,24 @@ def test_the_trainer_under_torchrun_trains_like_one_process(kafka, topics, tmp_p
     topics(["p"])
     # one partition: both trainers see the same batches in the same order
     produce(kafka, [s for g in range(6) for s in make_group("p", f"g{g}", seed=g)], "p", partition=0)
-    r = recipe(kafka, batch_groups=2, lr=1e-4)
+    r = recipe(kafka, batch_groups=2, lr=1e-4, parallel=parallel)
     rfile = tmp_path / "r.yaml"
     rfile.write_text(yaml.safe_dump(r.model_dump(mode="json")))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), "-m", "astraflow.cli", "trainer", "--recipe", str(rfile),
-           "--policy", "p", "--run-dir", str(tmp_path / "ddp"), "--max-steps", "3"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env=subprocess_env(OMP_NUM_THREADS="1"))
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+
+    def torchrun(max_steps: int) -> str:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+               "--master-port", str(free_port()), "-m", "astraflow.cli", "trainer", "--recipe", str(rfile),
+               "--policy", "p", "--run-dir", str(tmp_path / "ddp"), "--max-steps", str(max_steps)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO,
+                              env=subprocess_env(OMP_NUM_THREADS="1"))
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+        return done.stdout + done.stderr
+
+    if parallel == "fsdp":  # stop after 2 steps and resume: the offsets and AdamW state come from the checkpoint
+        torchrun(2)
+        assert "resumed from" in torchrun(3)
+    else:
+        torchrun(3)
     assert Trainer(r, "p", run_dir=tmp_path / "single", settings=kafka, max_steps=3).run() == 0
     ckpt = "trainer/p/checkpoints/step-00000003/model.safetensors"
     ddp, single = load_file(str(tmp_path / "ddp" / ckpt)), load_file(str(tmp_path / "single" / ckpt))
@@ -84,4 +94,8 @@ def test_the_trainer_under_torchrun_trains_like_one_process(kafka, topics, tmp_p
     from astraflow.records import WeightVersion
 
     versions = [e.version for e in read_topic(kafka, "weights", WeightVersion)]
-    assert len(versions) == 2 * 4  # each run announced versions 0..3
+    # each run announced versions 0..3; the resumed FSDP job announced its version 2 again first
+    assert sorted(versions) == sorted([0, 1, 2, 3] * 2 + ([2] if parallel == "fsdp" else []))
+    trained = [[g for line in (tmp_path / d / "trainer/p/trained.jsonl").read_text().splitlines()
+                for g in json.loads(line)["groups"]] for d in ("ddp", "single")]
+    assert trained[0] == trained[1] and len(set(trained[0])) == 6  # each group once, in the same order
