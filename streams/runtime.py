@@ -30,7 +30,7 @@ from streams.api import Group
 from streams.emit import partition_for, read_back
 from streams.grouping import DONE, INTENT, Collector
 from streams.pipeline import Pipeline, StageError
-from streams.stats import dropped_summary, fold, to_record
+from streams.stats import dropped_summary, fold, parse_summary, to_record
 
 log = logging.getLogger(__name__)
 EX_SOFTWARE = 70
@@ -340,8 +340,18 @@ class StreamsRuntime:
     # ---------------------------------------------------------------- task stats
 
     async def on_task_update(self, event: Any) -> None:
+        """Fold one group summary (raw msgpack bytes) into its task's statistics; a malformed one
+        goes to `deadletter` with its reason (the agent would otherwise crash-loop on it)."""
         self.last_event = time.monotonic()
-        summary = event.value
+        msg = event.message
+        try:
+            summary = parse_summary(msg.value, msg.key)
+        except RecordError as exc:
+            self.counters.inc("task_updates.deadlettered")
+            self.counters.inc("deadletter.count")
+            self.dead.publish(msg.topic, msg.partition, msg.offset, msg.key, msg.value or b"", str(exc))
+            await asyncio.get_running_loop().run_in_executor(None, self.publisher.flush, 60.0)
+            return
         task = summary["task"]
         state, applied = fold(self.stats_table.get(task), summary)
         if not applied:
