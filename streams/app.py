@@ -183,6 +183,7 @@ def create_app(recipe: Recipe, *, kafka: KafkaSettings | None = None, data_dir: 
         app, pipeline, Collector(pipeline.group, FaustTable(groups), FaustTable(bodies)), topics, settings,
         FaustTable(stats_table) if stats_table is not None else None,
         instance_id or f"streams-{socket.gethostname()}-{os.getpid()}", commit_every_s=cfg.commit_every_s,
+        max_task_stats=cfg.max_task_stats, max_cached_trajectories=cfg.max_cached_trajectories,
     )
     app.astraflow = runtime
 

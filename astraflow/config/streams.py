@@ -47,6 +47,13 @@ class StreamsConfig(StrictModel):
     """How often the per-stage metrics are published to `metrics`."""
     commit_every_s: float = Field(default=2.0, gt=0, le=60)
     """How often consumed offsets are committed (after the producer is flushed)."""
+    max_task_stats: int = Field(default=100_000, ge=1)
+    """Tasks whose running statistics the `task_stats` table keeps: past it, the least recently
+    updated tenth is deleted (metric task_stats.evicted); a deleted task's statistics start again
+    from zero if it comes back (the feeder treats that reset as a new count)."""
+    max_cached_trajectories: int = Field(default=16_384, ge=1)
+    """Decoded trajectories of pending groups kept in memory (least recently stored dropped first,
+    metric cache.evicted); a dropped one is decoded again from the `bodies` table when needed."""
     log_level: str = "warn"
     """Faust worker log level: crit, error, warn, info or debug."""
 
