@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.config import KafkaSettings, Recipe
-from astraflow.errors import ConfigError
+from astraflow.errors import AstraFlowError, ConfigError
 from astraflow.kafka import DeadLetters, Publisher, consumer_config
 from astraflow.metrics import MetricsReporter
 from astraflow.records import RecordError, Task, TaskStats, WeightVersion, decode
@@ -216,11 +216,16 @@ class Feeder:
 
     def _save_position(self, position: int, readers: Any) -> None:
         """Called after a flush: every task counted in `position` is on the topic below the ends."""
-        ends = high_watermarks(readers, self.settings.topic("tasks"))
+        from confluent_kafka import KafkaException
+
+        state: dict[str, Any] = {"next": position, "published": self.published}
+        try:
+            state["ends"] = {str(p): o for p, o in high_watermarks(readers, self.settings.topic("tasks")).items()}
+        except (KafkaException, AstraFlowError) as exc:  # a restart then checks every task on the topic
+            log.warning("feeder: saving the position without the end offsets of tasks: %s", exc)
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"next": position, "published": self.published,
-                                   "ends": {str(p): o for p, o in ends.items()}}))
+        tmp.write_text(json.dumps(state))
         tmp.replace(self.state_file)
 
     def _resume(self, saved_ends: dict[int, int]) -> None:

@@ -60,7 +60,8 @@ class StatsCache:
     """TaskStats by task_id, at most `max_tasks` of them (least recently updated evicted first).
 
     `dropped` is the total of `dropped_groups` over every task ever seen: each record adds what
-    it says beyond the record it replaces. A task evicted and seen again counts from zero again,
+    it says beyond the record it replaces, or all of it when the record counts from zero again
+    (streams evicted the task's statistics). A task evicted here and seen again counts from zero,
     so its earlier drops are counted twice; admission then lets a few more groups ahead (never
     fewer), which can delay a stale sample, never hang the run."""
 
@@ -72,7 +73,10 @@ class StatsCache:
 
     def put(self, rec: TaskStats) -> None:
         old = self._items.pop(rec.task_id, None)
-        self.dropped += max(0, rec.dropped_groups - (old.dropped_groups if old is not None else 0))
+        # streams deletes the statistics of tasks it has not seen for long (streams.max_task_stats):
+        # such a task comes back counting from zero, and its new drops are all new
+        reset = old is None or rec.groups < old.groups or rec.dropped_groups < old.dropped_groups
+        self.dropped += rec.dropped_groups - (0 if reset else old.dropped_groups)
         self._items[rec.task_id] = rec
         while len(self._items) > self.max_tasks:
             self._items.popitem(last=False)

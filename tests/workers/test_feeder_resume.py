@@ -28,6 +28,8 @@ def test_task_statistics_stay_bounded_and_dropped_groups_stay_counted() -> None:
     assert cache.get("t0") is None and cache.get("t9999").dropped_groups == 1
     cache.put(TaskStats(task_id="t9999", env="arithmetic", groups=2, dropped_groups=3))  # cumulative
     assert cache.dropped == 5_002 and len(cache) == 100
+    cache.put(TaskStats(task_id="t9999", env="arithmetic", groups=1, dropped_groups=1))  # streams reset it
+    assert cache.dropped == 5_003
     cache.put(TaskStats(task_id="t9901", env="arithmetic", groups=1))  # refreshed: now the newest
     cache.put(TaskStats(task_id="new", env="arithmetic", groups=1))
     assert cache.get("t9901") is not None and cache.get("t9900") is None  # least recently updated went
