@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import random
 import signal
 import threading
@@ -112,6 +113,8 @@ class Feeder:
         self.blocked_s = 0.0
         self.rng = random.Random(f"selective:{self.cfg.seed}")
         self.skips_in_row = 0
+        where, _, n = os.environ.get("ASTRAFLOW_FEEDER_FAILPOINT", "").partition(":")
+        self.failpoint = int(n) if where == "after_publish" and n.isdigit() else None
 
     # ------------------------------------------------------------------ progress
 
@@ -245,6 +248,14 @@ class Feeder:
     def stop(self, *_: Any) -> None:
         self.stopping = True
 
+    def _sigkill(self) -> None:
+        """Fault injection (ASTRAFLOW_FEEDER_FAILPOINT=after_publish:N): once the N-th task of this
+        process is acknowledged, die by SIGKILL, between two position saves when N % 64 != 0."""
+        self.publisher.flush(60)
+        log.warning("failpoint after_publish:%d: SIGKILL", self.failpoint)
+        logging.shutdown()
+        os.kill(os.getpid(), signal.SIGKILL)
+
     def run(self, worker_id: str = "feeder") -> int:
         """Feed until `max_tasks`, the end of the JSONL file, or SIGTERM/SIGINT. Returns tasks fed."""
         if threading.current_thread() is threading.main_thread():  # embedded feeders are stopped by stop()
@@ -282,6 +293,8 @@ class Feeder:
                 self.publisher.send("tasks", task, key=task.task_id)
                 self.published += 1
                 self.counts["published"] += 1
+                if self.counts["published"] == self.failpoint:
+                    self._sigkill()
                 if self.counts["published"] % 64 == 0:
                     self.publisher.flush(60)
                     self._save_position(position, readers)

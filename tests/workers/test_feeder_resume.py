@@ -81,3 +81,30 @@ def test_a_feeder_killed_between_saves_publishes_no_task_twice(kafka: KafkaSetti
     assert feeder.run() == 5 and feeder.counts["resume_skipped"] == 130
     tasks = [t.group_id for t in read_topic(kafka, "tasks") if isinstance(t, Task)]
     assert len(tasks) == 135 and set(tasks) == set(_ids(first, 135))
+
+
+@pytest.mark.broker
+def test_a_sigkilled_astraflow_feed_resumes_without_duplicates(kafka: KafkaSettings, topics: Any,
+                                                               tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import yaml
+
+    from ..conftest import subprocess_env
+    from .conftest import TINY
+
+    topics(["policy"])
+    data = {"name": "resume", "model": dict(TINY), "kafka": kafka.model_dump(exclude_none=True),
+            "feeder": {"env": "arithmetic", "admission": False}}
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(data))
+    cmd = [sys.executable, "-m", "astraflow.cli", "feed", "--recipe", str(recipe), "--run-dir", str(tmp_path / "run")]
+    killed = subprocess.run(cmd, env=subprocess_env(ASTRAFLOW_FEEDER_FAILPOINT="after_publish:70"),
+                            capture_output=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr.decode()[-2000:]  # SIGKILL after 70, saved at 64
+    again = subprocess.run([*cmd, "--max-tasks", "58"], env=subprocess_env(), capture_output=True, timeout=300)
+    assert again.returncode == 0 and b"fed 58 tasks" in again.stderr, again.stderr.decode()[-2000:]
+    tasks = [t.group_id for t in read_topic(kafka, "tasks") if isinstance(t, Task)]
+    assert len(tasks) == 128 and len(set(tasks)) == 128  # none published twice
+    assert set(tasks) == set(_ids(make_recipe(feeder={"env": "arithmetic"}), 128))
