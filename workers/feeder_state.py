@@ -75,8 +75,8 @@ class StatsCache:
         old = self._items.pop(rec.task_id, None)
         # streams deletes the statistics of tasks it has not seen for long (streams.max_task_stats):
         # such a task comes back counting from zero, and its new drops are all new
-        reset = old is None or rec.groups < old.groups or rec.dropped_groups < old.dropped_groups
-        self.dropped += rec.dropped_groups - (0 if reset else old.dropped_groups)
+        before = old.dropped_groups if old is not None and rec.groups >= old.groups else 0
+        self.dropped += rec.dropped_groups - (before if rec.dropped_groups >= before else 0)
         self._items[rec.task_id] = rec
         while len(self._items) > self.max_tasks:
             self._items.popitem(last=False)
