@@ -183,6 +183,7 @@ def create_app(recipe: Recipe, *, kafka: KafkaSettings | None = None, data_dir: 
         app, pipeline, Collector(pipeline.group, FaustTable(groups), FaustTable(bodies)), topics, settings,
         FaustTable(stats_table) if stats_table is not None else None,
         instance_id or f"streams-{socket.gethostname()}-{os.getpid()}", commit_every_s=cfg.commit_every_s,
+        max_task_stats=cfg.max_task_stats, max_cached_trajectories=cfg.max_cached_trajectories,
     )
     app.astraflow = runtime
 
@@ -195,7 +196,12 @@ def create_app(recipe: Recipe, *, kafka: KafkaSettings | None = None, data_dir: 
                 fatal("the pipeline agent", exc)
 
     if task_updates is not None:
-        @app.agent(task_updates, concurrency=1, name="task_stats")
+        # the agent reads the same topic as raw bytes and checks them itself (streams/stats.py,
+        # `parse_summary`): faust's msgpack decoding would raise out of the stream, outside any
+        # handler, and a poison record would crash-loop the worker
+        task_updates_in = app.topic(task_updates.get_topic_name(), internal=True, partitions=n_parts, **raw)
+
+        @app.agent(task_updates_in, concurrency=1, name="task_stats")
         async def task_stats_agent(stream: Any) -> None:
             async for event in stream.events():
                 try:

@@ -169,6 +169,9 @@ class FaustTable:
     def items(self) -> Iterator[tuple[str, Any]]:
         return iter(list(self.table.data.items()))
 
+    def size(self) -> int:
+        return len(self.table.data)
+
     def written(self) -> list[Any]:
         """Delivery futures of the changelog records sent since the last call."""
         out, self._futures = self._futures, []

@@ -27,10 +27,11 @@ from astraflow.kafka import DeadLetters, Publisher
 from astraflow.metrics import MetricsReporter
 from astraflow.records import Trajectory, decode, encode
 from streams.api import Group
+from streams.bounded import LRU
 from streams.emit import partition_for, read_back
 from streams.grouping import DONE, INTENT, Collector
 from streams.pipeline import Pipeline, StageError
-from streams.stats import dropped_summary, fold, to_record
+from streams.stats import dropped_summary, fold, parse_summary, to_record
 
 log = logging.getLogger(__name__)
 EX_SOFTWARE = 70
@@ -69,15 +70,18 @@ class Topics:
 class StreamsRuntime:
     def __init__(self, app: Any, pipeline: Pipeline, collector: Collector, topics: Topics,
                  settings: KafkaSettings, stats_table: Any | None, instance_id: str,
-                 commit_every_s: float = 2.0) -> None:
+                 commit_every_s: float = 2.0, max_task_stats: int = 100_000,
+                 max_cached_trajectories: int = 16_384) -> None:
         self.app, self.pipeline, self.collector, self.topics = app, pipeline, collector, topics
         self.settings, self.stats_table = settings, stats_table
         self.commit_every_s = commit_every_s
         self.policies = frozenset(pipeline.ctx.policies)
         self.counters = pipeline.counters
         self.lock = asyncio.Lock()
-        self.cache: dict[str, Trajectory] = {}  # decoded trajectories of pending groups
-        self.arrived: dict[str, float] = {}  # group_id -> when its last trajectory was consumed
+        self.max_task_stats = max_task_stats
+        # bounded (streams/bounded.py): a flood of groups must not grow them without end
+        self.cache: LRU[str, Trajectory] = LRU(max_cached_trajectories, lambda: self.counters.inc("cache.evicted"))
+        self.arrived: LRU[str, float] = LRU(max_cached_trajectories, lambda: self.counters.inc("arrived.evicted"))
         self.publisher = Publisher(settings)
         self.dead = DeadLetters(self.publisher, "streams")
         self.reporter = MetricsReporter(self.publisher, "streams", instance_id, region=settings.region)
@@ -348,22 +352,49 @@ class StreamsRuntime:
     # ---------------------------------------------------------------- task stats
 
     async def on_task_update(self, event: Any) -> None:
+        """Fold one group summary (raw msgpack bytes) into its task's statistics; a malformed one
+        goes to `deadletter` with its reason (the agent would otherwise crash-loop on it)."""
         self.last_event = time.monotonic()
-        summary = event.value
+        msg = event.message
+        try:
+            summary = parse_summary(msg.value, msg.key)
+        except RecordError as exc:
+            self.counters.inc("task_updates.deadlettered")
+            self.counters.inc("deadletter.count")
+            self.dead.publish(msg.topic, msg.partition, msg.offset, msg.key, msg.value or b"", str(exc))
+            await asyncio.get_running_loop().run_in_executor(None, self.publisher.flush, 60.0)
+            return
         task = summary["task"]
         state, applied = fold(self.stats_table.get(task), summary)
         if not applied:
             self.counters.inc("task_stats.duplicates")
             return
-        self.stats_table.set(task, state, event.message.partition)
+        state = {**state, "at": time.time(), "p": msg.partition}  # for the eviction below
+        self.stats_table.set(task, state, msg.partition)
+        self._evict_task_stats()
         self.written()
         record = to_record(task, state)
         await self.topics.task_stats.send(key=task.encode(), value=encode(record))
         self.counters.inc("task_stats.published")
 
+    def _evict_task_stats(self) -> None:
+        """Past `max_task_stats` tasks, delete the least recently updated tenth (one scan per
+        tenth of the limit, so the cost per update stays small)."""
+        size = self.stats_table.size()
+        if size <= self.max_task_stats:
+            return
+        keep = self.max_task_stats - self.max_task_stats // 10
+        oldest = sorted(self.stats_table.items(), key=lambda kv: (kv[1] or {}).get("at", 0.0))[: size - keep]
+        for task, state in oldest:
+            self.stats_table.delete(task, (state or {}).get("p", 0))
+        self.counters.inc("task_stats.evicted", len(oldest))
+
     # ---------------------------------------------------------------- metrics
 
     def report(self) -> None:
+        if self.stats_table is not None:
+            self.counters.gauge("task_stats.tasks", self.stats_table.size())
+        self.counters.gauge("cache.trajectories", len(self.cache))
         self.reporter.report(self.counters.snapshot())
         self.publisher.poll(0)
 

@@ -9,22 +9,74 @@ arrive on different `trajectories` partitions, while the statistics must be aggr
    publishes the running TaskStats to the compacted `task-stats` topic.
 
 `fold` remembers the last group_ids it applied per task, so a summary delivered twice (a restart
-re-sends it) is not counted twice. Place `task_stats` before the filters to see every group,
+re-sends it) is not counted twice. `parse_summary` checks every record of the internal topic before
+`fold` sees it (anyone who can write to the topic can write anything): a malformed one is a
+RecordError naming the field, which the app dead-letters instead of crash-looping on it. Place `task_stats` before the filters to see every group,
 including the zero-variance ones the feeder wants to know about.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
+import msgpack
 import numpy as np
 
+from astraflow.errors import RecordError
 from astraflow.records import TaskStats
 from streams.api import Group, Stage
 from streams.filters import constant
 
 RECENT_GROUPS = 64
+MAX_SUMMARY_BYTES = 64 << 10
+MAX_ID_CHARS = 4096
+
+# field -> (accepted types, check); bool is kept apart from int (True is an int in Python)
+_SUMMARY: dict[str, tuple[tuple[type, ...], Any]] = {
+    "gid": ((str,), lambda v: 0 < len(v) <= MAX_ID_CHARS),
+    "task": ((str,), lambda v: 0 < len(v) <= MAX_ID_CHARS),
+    "env": ((str,), lambda v: 0 < len(v) <= MAX_ID_CHARS),
+    "n": ((int,), lambda v: 0 <= v < 2**31),
+    "reward_sum": ((float, int), math.isfinite),
+    "successes": ((int,), lambda v: 0 <= v < 2**31),
+    "zero_variance": ((bool,), None),
+    "version": ((int,), lambda v: -1 <= v < 2**63),
+    "dropped": ((bool,), None),
+}
+
+
+def parse_summary(raw: bytes | None, key: bytes | None = None) -> dict[str, Any]:
+    """Decode and check one record of the internal task-update topic (what `summarize` or
+    `dropped_summary` made, msgpack-encoded, keyed by task_id). Raises RecordError naming the field."""
+    if raw is None:
+        raise RecordError("<bytes>", "empty record (null value)", "TaskUpdate")
+    if len(raw) > MAX_SUMMARY_BYTES:
+        raise RecordError("<bytes>", f"{len(raw)} bytes exceed {MAX_SUMMARY_BYTES}", "TaskUpdate")
+    try:
+        summary = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise RecordError("<bytes>", f"not msgpack: {type(exc).__name__}: {exc}", "TaskUpdate") from None
+    if not isinstance(summary, dict):
+        raise RecordError("<bytes>", f"a {type(summary).__name__}, not a map", "TaskUpdate")
+    unknown = sorted(str(k) for k in summary if k not in _SUMMARY)
+    if unknown:
+        raise RecordError(unknown[0], "unknown field", "TaskUpdate")
+    for name, (types, check) in _SUMMARY.items():
+        if name not in summary:
+            raise RecordError(name, "missing", "TaskUpdate")
+        value = summary[name]
+        if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
+            raise RecordError(name, f"{type(value).__name__} {value!r:.80}, expected "
+                              f"{' or '.join(t.__name__ for t in types)}", "TaskUpdate")
+        if check is not None and not check(value):
+            raise RecordError(name, f"{value!r:.80} out of range", "TaskUpdate")
+    if summary["successes"] > summary["n"]:
+        raise RecordError("successes", f"{summary['successes']} exceed n {summary['n']}", "TaskUpdate")
+    if key is not None and key != summary["task"].encode():
+        raise RecordError("<key>", f"Kafka key {key[:80]!r} is not the task {summary['task']!r:.80}", "TaskUpdate")
+    return summary
 
 
 def summarize(group: Group, success_threshold: float = 1.0) -> dict[str, Any]:

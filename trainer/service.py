@@ -22,7 +22,8 @@ Metrics (component `trainer`, one Metric per step; sums over the batch unless no
   (mean reward, and share of samples with reward >= trainer.success_threshold, over the batch's groups), batch.groups, batch.samples,
   batch.tokens, loss_tokens, staleness.lag.<k> (samples of this batch at lag k, k < 16; staleness.lag.ge16 for the rest), staleness.mean,
   staleness.dropped (stale samples of this batch), and running totals samples.in,
-  samples.duplicate, samples.stale, groups.trained, deadletter, wait_s (seconds with no batch). kl_ref is the estimator that
+  samples.duplicate, samples.stale, samples.lost_to_retention (deleted by retention past the checkpoint
+  before a resumed trainer read them), groups.trained, deadletter, wait_s (seconds with no batch). kl_ref is the estimator that
   trainer.loss.kl_estimator names. With policy_loss m2po, also m2po.m2 (mean squared log-ratio of
   the batch before masking), m2po.m2_kept (after) and m2po.masked_fraction (= its clip_fraction).
 """
@@ -52,7 +53,7 @@ from astraflow.records import Sample, WeightVersion
 from astraflow.sampling import SamplingSettings
 from astraflow.weights import WeightServer, WeightStore
 from trainer import checkpoint as ckpt
-from trainer import distributed
+from trainer import distributed, retention
 from trainer.background import BackgroundJob
 from trainer.batching import BadSample, Batch, GroupBuffer
 from trainer.engine import Engine, collate
@@ -164,6 +165,7 @@ class Trainer:
         if not parts:
             raise TrainerError(f"topic {self.topic} does not exist (run `astraflow topics apply`)")
         self.partitions = sorted(parts)
+        self._check_retention(offsets)
         self.consumer.assign([TopicPartition(self.topic, p, offsets.get(p, OFFSET_BEGINNING))
                               for p in self.partitions])
         self._partition_check = time.monotonic()
@@ -172,6 +174,13 @@ class Trainer:
             from trainer.lockstep import PolicyVersions
 
             self.lockstep = PolicyVersions(settings, self.policy, self.recipe.policy_names)
+
+    def _check_retention(self, offsets: dict[int, int]) -> None:
+        """Say so when retention deleted samples past the checkpoint (trainer/retention.py)."""
+        found = retention.gaps(offsets, retention.low_watermarks(self.consumer, self.topic, self.partitions))
+        if found:
+            log.warning(retention.describe(self.topic, found))
+            self.buffer.counts["samples.lost_to_retention"] += sum(low - off for off, low in found.values())
 
     def _reconcile_store(self) -> None:
         """Make the store agree with the checkpoint: drop what was never announced, make sure the

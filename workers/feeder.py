@@ -11,10 +11,13 @@ attempts) or a JSONL file. Two controls sit between the source and the topic:
   restarted feeder keeps the same budget.
 - selective rollout (`feeder.selective`): tasks whose TaskStats say they are always or never solved
   are skipped, except a `keep_fraction` of them and any task after `max_skips_in_row` skips.
-A restarted feeder resumes its generator where it stopped (`<run_dir>/feeder/state.json`).
+A restarted feeder resumes its source exactly where it stopped: `<run_dir>/feeder/state.json` holds
+its position and the end offsets of `tasks` at that moment (saved every 64 tasks), and the tasks
+published after those offsets are skipped when the source yields them again (workers/feeder_state.py).
 
 Metrics (component `feeder`): feeder.published, feeder.skipped, feeder.blocked_s, feeder.ahead,
-feeder.trainer_groups, feeder.deadletters.
+feeder.trainer_groups, feeder.deadletters, feeder.resume_skipped (tasks not published again after a
+restart), feeder.stats_evicted, feeder.stats_tasks.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import random
 import signal
 import threading
@@ -32,10 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.config import KafkaSettings, Recipe
-from astraflow.errors import ConfigError
+from astraflow.errors import AstraFlowError, ConfigError
 from astraflow.kafka import DeadLetters, Publisher, consumer_config
 from astraflow.metrics import MetricsReporter
 from astraflow.records import RecordError, Task, TaskStats, WeightVersion, decode
+from workers.feeder_state import StatsCache, published_since
 from workers.follower import high_watermarks
 from workers.registry import environment_class, workflow_class
 
@@ -100,13 +105,16 @@ class Feeder:
         self.jsonl = Path(jsonl) if jsonl else (Path(self.cfg.jsonl) if self.cfg.jsonl else None)
         self.state_file = self.run_dir / "feeder" / "state.json"
         self.consumed: dict[str, int] = {}  # policy -> groups its trainer has consumed
-        self.stats: dict[str, TaskStats] = {}
+        self.stats = StatsCache(self.cfg.max_task_stats)
+        self.resume_skip: set[str] = set()  # group ids published after the last save, before a crash
         self.stopping = False
         self.published = 0
-        self.counts = {"published": 0, "skipped": 0, "deadletters": 0}
+        self.counts = {"published": 0, "skipped": 0, "deadletters": 0, "resume_skipped": 0}
         self.blocked_s = 0.0
         self.rng = random.Random(f"selective:{self.cfg.seed}")
         self.skips_in_row = 0
+        where, _, n = os.environ.get("ASTRAFLOW_FEEDER_FAILPOINT", "").partition(":")
+        self.failpoint = int(n) if where == "after_publish" and n.isdigit() else None
 
     # ------------------------------------------------------------------ progress
 
@@ -125,7 +133,8 @@ class Feeder:
                 if high > 0:
                     self._history[(name, p)] = high
         consumer.assign(parts)
-        self.published = sum(high_watermarks(consumer, self.settings.topic("tasks")).values())
+        self.task_ends = high_watermarks(consumer, self.settings.topic("tasks"))
+        self.published = sum(self.task_ends.values())
         return consumer
 
     def _read_progress(self, consumer: Any, budget_s: float = 0.0) -> None:
@@ -154,7 +163,7 @@ class Feeder:
                 consumed = max(rec.groups_consumed, rec.step * self.recipe.trainer.batch_groups)
                 self.consumed[rec.policy] = max(self.consumed.get(rec.policy, 0), consumed)
             elif isinstance(rec, TaskStats):
-                self.stats[rec.task_id] = rec
+                self.stats.put(rec)
 
     def _catch_up(self, consumer: Any, timeout: float = 60.0) -> None:
         """Read the progress topics up to where they ended at start, so a restarted feeder admits
@@ -175,8 +184,7 @@ class Feeder:
     def trainer_groups(self) -> int:
         """Groups consumed so far by the slowest trainer, plus the groups that reach no trainer."""
         trained = min(self.consumed.get(p, 0) for p in self.recipe.policy_names)
-        dropped = sum(s.dropped_groups for s in self.stats.values())
-        return trained + dropped
+        return trained + self.stats.dropped
 
     def admitted(self) -> bool:
         if not self.cfg.admission:
@@ -200,20 +208,53 @@ class Feeder:
             return jsonl_tasks(self.recipe, self.jsonl, self.dead)
         return generated_tasks(self.recipe)
 
-    def _load_position(self) -> int:
+    def _load_position(self) -> tuple[int, dict[int, int]]:
+        """(position in the source, end offsets of `tasks` when it was saved); a state without
+        offsets (an older feeder's, or none) means every task on the topic is checked."""
         try:
-            return int(json.loads(self.state_file.read_text())["next"])
-        except (OSError, ValueError, KeyError):
-            return 0
+            state = json.loads(self.state_file.read_text())
+            return int(state["next"]), {int(p): int(o) for p, o in state.get("ends", {}).items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return 0, {}
 
-    def _save_position(self, position: int) -> None:
+    def _save_position(self, position: int, readers: Any) -> None:
+        """Called after a flush: every task counted in `position` is on the topic below the ends."""
+        from confluent_kafka import KafkaException
+
+        state: dict[str, Any] = {"next": position, "published": self.published}
+        try:
+            state["ends"] = {str(p): o for p, o in high_watermarks(readers, self.settings.topic("tasks")).items()}
+        except (KafkaException, AstraFlowError) as exc:  # a restart then checks every task on the topic
+            log.warning("feeder: saving the position without the end offsets of tasks: %s", exc)
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"next": position, "published": self.published}))
+        tmp.write_text(json.dumps(state))
         tmp.replace(self.state_file)
+
+    def _resume(self, saved_ends: dict[int, int]) -> None:
+        """Find the tasks published after the saved position (a crash between two saves)."""
+        from confluent_kafka import Consumer
+
+        reader = Consumer(consumer_config(self.settings, f"feeder-resume-{uuid.uuid4().hex[:8]}",
+                                          **{"enable.auto.commit": False}))
+        try:
+            self.resume_skip = published_since(reader, self.settings.topic("tasks"), saved_ends, self.task_ends)
+        finally:
+            reader.close()
+        if self.resume_skip:
+            log.warning("feeder: %d tasks were published after the last saved position; they are not "
+                        "published again", len(self.resume_skip))
 
     def stop(self, *_: Any) -> None:
         self.stopping = True
+
+    def _sigkill(self) -> None:
+        """Fault injection (ASTRAFLOW_FEEDER_FAILPOINT=after_publish:N): once the N-th task of this
+        process is acknowledged, die by SIGKILL, between two position saves when N % 64 != 0."""
+        self.publisher.flush(60)
+        log.warning("failpoint after_publish:%d: SIGKILL", self.failpoint)
+        logging.shutdown()
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def run(self, worker_id: str = "feeder") -> int:
         """Feed until `max_tasks`, the end of the JSONL file, or SIGTERM/SIGINT. Returns tasks fed."""
@@ -224,11 +265,17 @@ class Feeder:
         self.dead = DeadLetters(self.publisher, "feeder")
         metrics = MetricsReporter(self.publisher, "feeder", worker_id, self.settings.region, every_s=5.0)
         readers = self._open_readers()
-        position = self._load_position()
+        position, saved_ends = self._load_position()
         source = itertools.islice(self._source(), position, None)
         try:
+            self._resume(saved_ends)
             self._catch_up(readers)
             for task in source:
+                if task.group_id in self.resume_skip:  # on the topic already, from before a crash
+                    self.resume_skip.discard(task.group_id)
+                    self.counts["resume_skipped"] += 1
+                    position += 1
+                    continue
                 while not self.stopping and not self.admitted():
                     start = time.monotonic()
                     self._read_progress(readers, budget_s=self.cfg.poll_s)
@@ -246,16 +293,18 @@ class Feeder:
                 self.publisher.send("tasks", task, key=task.task_id)
                 self.published += 1
                 self.counts["published"] += 1
+                if self.counts["published"] == self.failpoint:
+                    self._sigkill()
                 if self.counts["published"] % 64 == 0:
                     self.publisher.flush(60)
-                    self._save_position(position)
+                    self._save_position(position, readers)
                 self._report(metrics)
                 if self.cfg.max_tasks is not None and self.counts["published"] >= self.cfg.max_tasks:
                     break
         finally:
             self._report(metrics, force=True)
             self.publisher.flush(60)
-            self._save_position(position)
+            self._save_position(position, readers)
             readers.close()
         log.info("feeder stopped: %s", self.counts)
         return self.counts["published"]
@@ -264,5 +313,6 @@ class Feeder:
         self.counts["deadletters"] = max(self.counts["deadletters"], self.dead.count)
         values = {f"feeder.{k}": float(v) for k, v in self.counts.items()}
         values.update({"feeder.blocked_s": self.blocked_s, "feeder.trainer_groups": float(self.trainer_groups()),
-                       "feeder.ahead": float(self.published - self.trainer_groups())})
+                       "feeder.ahead": float(self.published - self.trainer_groups()),
+                       "feeder.stats_evicted": float(self.stats.evicted), "feeder.stats_tasks": float(len(self.stats))})
         metrics.report(values, force=force)

@@ -11,7 +11,8 @@ finish for `worker.drain_timeout_s`, release the rest, flush, commit, close.
 
 Metrics (component `worker`): worker.tokens_per_s, worker.tokens, worker.episodes, worker.trajectories,
 worker.tasks_done, worker.tasks_released, worker.deadletters, worker.episode_errors, worker.in_flight
-(episodes), worker.max_episodes (its limit), worker.episode_s (episodes x seconds in flight), worker.tasks_in_flight, worker.weights_applied, worker.weights_refused,
+(episodes of tasks taken, running or queued), worker.episodes_running (at most max_episodes),
+worker.max_episodes (its limit), worker.episode_s (episodes x seconds in flight), worker.tasks_in_flight, worker.weights_applied, worker.weights_refused,
 worker.weight_version.<policy>.
 """
 
@@ -63,6 +64,9 @@ class Worker:
         self.tracker = OffsetTracker()
         self.tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
         self.pending_episodes = 0
+        # a task's episodes queue here: at most max_episodes run at once, whatever the group_size
+        self.slots = asyncio.Semaphore(self.cfg.max_episodes)
+        self.running_episodes = 0
         # episodes x seconds in flight, integrated by the serve loop: its growth over time and
         # max_episodes is how busy the worker was (the scaling advice reads it)
         self.episode_s, self._episodes_mark = 0.0, time.monotonic()
@@ -162,6 +166,10 @@ class Worker:
         self.tracker.start(p, off)
         settled = self._dead_letter_settled(p, off)
         task = decode_or_deadletter(msg, Task, self.dead, self.policies, on_delivery=settled)
+        if task is not None and task.group_size > self.cfg.max_group_size:
+            self.dead.publish_message(msg, f"task {task.task_id}: group_size {task.group_size} exceeds "
+                                           f"worker.max_group_size {self.cfg.max_group_size}", on_delivery=settled)
+            task = None
         if task is not None:
             try:
                 _, wf = self.runtime.resolve(task)
@@ -221,9 +229,9 @@ class Worker:
     # ------------------------------------------------------------------ running a task
 
     async def _run_task(self, task: Task, partition: int, offset: int) -> None:
-        slots = [task.group_size]  # episode slots this task still holds; each episode frees its own
+        held = [task.group_size]  # episode slots this task still holds; each episode frees its own
         try:
-            acks = await asyncio.gather(*(self._episode(task, k, slots) for k in range(task.group_size)))
+            acks = await asyncio.gather(*(self._episode(task, k, held) for k in range(task.group_size)))
             await asyncio.gather(*(a for batch in acks for a in batch))
         except asyncio.CancelledError:
             return
@@ -232,19 +240,26 @@ class Worker:
             self.stop()
             return
         finally:
-            self.pending_episodes -= slots[0]  # episodes cancelled before they started
+            self.pending_episodes -= held[0]  # episodes cancelled before they started
             self.tasks.pop((partition, offset), None)
         self.counts["tasks_done"] += 1
         self._finished(partition, offset)
 
-    async def _episode(self, task: Task, k: int, slots: list[int]) -> list[asyncio.Future[None]]:
-        """Run one episode and hand its trajectories to the producer. Its slot is free as soon as
-        it has finished (or failed, or was cancelled): the next task need not wait for the broker
-        to acknowledge this one's trajectories (the task's offset still does)."""
+    async def _episode(self, task: Task, k: int, held: list[int]) -> list[asyncio.Future[None]]:
+        """Run one episode (when one of the `max_episodes` slots is free) and hand its trajectories
+        to the producer. Its slot is free as soon as it has finished (or failed, or was cancelled):
+        the next task need not wait for the broker to acknowledge this one's trajectories (the
+        task's offset still does)."""
         try:
-            trajs, tokens = await run_episode(self.runtime, task, k, self.engines, self.worker_id, self.region)
+            async with self.slots:
+                self.running_episodes += 1
+                try:
+                    trajs, tokens = await run_episode(self.runtime, task, k, self.engines, self.worker_id,
+                                                      self.region)
+                finally:
+                    self.running_episodes -= 1
         finally:
-            slots[0] -= 1
+            held[0] -= 1
             self.pending_episodes -= 1
         self.counts["episodes"] += 1
         self.counts["tokens"] += tokens
@@ -278,6 +293,7 @@ class Worker:
         rate = (self.counts["tokens"] - n0) / max(1e-9, now - t0)
         values = {f"worker.{k}": float(v) for k, v in self.counts.items()}
         values.update({"worker.tokens_per_s": rate, "worker.in_flight": float(self.pending_episodes),
+                       "worker.episodes_running": float(self.running_episodes),
                        "worker.max_episodes": float(self.cfg.max_episodes), "worker.episode_s": self.episode_s,
                        "worker.tasks_in_flight": float(len(self.tasks)),
                        "worker.weights_applied": float(self.follower.applied),

@@ -50,3 +50,6 @@ class FeederConfig(StrictModel):
     """Selective rollout from `task-stats`."""
     poll_s: float = Field(default=0.2, gt=0.0, le=60.0)
     """How often a blocked feeder re-reads trainer progress."""
+    max_task_stats: int = Field(default=100_000, ge=1)
+    """TaskStats kept in memory for selective rollout (least recently updated evicted first; the
+    evictions are counted in feeder.stats_evicted). Groups that reached no trainer stay counted."""

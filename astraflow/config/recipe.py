@@ -80,6 +80,13 @@ class Recipe(StrictModel):
                              f"{w.top_k}): the KL to the reference is infinite on tokens outside its top-p/top-k set")
         return self
 
+    @model_validator(mode="after")
+    def _groups_fit_the_workers(self) -> Recipe:
+        if self.feeder.group_size > self.worker.max_group_size:
+            raise ValueError(f"feeder.group_size {self.feeder.group_size} exceeds worker.max_group_size "
+                             f"{self.worker.max_group_size}: the workers would dead-letter every task")
+        return self
+
     @property
     def policy_names(self) -> list[str]:
         return [p.name for p in self.policies]

@@ -51,6 +51,13 @@ class StreamsConfig(StrictModel):
     """How long the worker's producer holds records to batch them. Writes a group's emission
     waits for are sent at once regardless; the rest (table changelog writes, task statistics)
     share requests, which cut the broker's and the worker's CPU per trajectory."""
+    max_task_stats: int = Field(default=100_000, ge=1)
+    """Tasks whose running statistics the `task_stats` table keeps: past it, the least recently
+    updated tenth is deleted (metric task_stats.evicted); a deleted task's statistics start again
+    from zero if it comes back (the feeder treats that reset as a new count)."""
+    max_cached_trajectories: int = Field(default=16_384, ge=1)
+    """Decoded trajectories of pending groups kept in memory (least recently stored dropped first,
+    metric cache.evicted); a dropped one is decoded again from the `bodies` table when needed."""
     log_level: str = "warn"
     """Faust worker log level: crit, error, warn, info or debug."""
 

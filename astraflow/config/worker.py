@@ -46,7 +46,11 @@ class WorkerConfig(StrictModel):
     top_k: int = Field(default=0, ge=0)
     """Sample among the top_k most likely tokens only (0: off)."""
     max_episodes: int = Field(default=16, ge=1, le=4096)
-    """Episodes in flight at once in one worker."""
+    """Episodes in flight at once in one worker: the episodes of a task beyond it wait their turn
+    (a task's group never starts all at once), and new tasks wait while this many are pending."""
+    max_group_size: int = Field(default=1024, ge=1, le=4096)
+    """The largest group_size a worker accepts: a task asking for more is dead-lettered with that
+    reason (one task must not be able to queue thousands of episodes or sandboxes)."""
     group: str = "workers"
     """Base name of the consumer group on `tasks` (namespaced like topics)."""
     drain_timeout_s: float = Field(default=30.0, ge=0.0, le=3600.0)

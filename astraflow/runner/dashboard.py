@@ -2,7 +2,8 @@
 
 Per policy: reward, success rate, trainer step and weight version, tokens/s, staleness.
 Per worker (and region): tokens/s, episodes, weight version. Per stage: consumer lag.
-Plus streams counters, dead letters and the scaling advice (advice.py: what bounds the run).
+Plus streams counters, dead letters, the scaling advice (advice.py: what bounds the run) and, in
+red, a stalled trainer with the stage that holds it back (stall.py).
 `astraflow status` renders the same thing once.
 """
 
@@ -80,8 +81,10 @@ def flow_table(snap: Snapshot) -> Table:
 
 
 def render(snap: Snapshot, policies: list[str], title: str, events: list[str] | None = None,
-           advice: str | None = None) -> Panel:
+           advice: str | None = None, stall: str | None = None) -> Panel:
     parts: list[Any] = [policies_table(snap, policies), workers_table(snap, policies), flow_table(snap)]
+    if stall:  # astraflow/runner/stall.py: a trainer made no progress for many step times
+        parts.append(Text(stall, style="bold red"))
     if advice:
         parts.append(Text(f"scaling: {advice}", style="bold"))
     if events:

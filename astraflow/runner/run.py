@@ -34,6 +34,7 @@ from astraflow.runner.advice import advise, measure, rows_from_history
 from astraflow.runner.collector import Collector
 from astraflow.runner.dashboard import render
 from astraflow.runner.report import summary_text, write_report
+from astraflow.runner.stall import StallDetector, observe
 from astraflow.runner.supervisor import Component, Supervisor
 
 log = logging.getLogger(__name__)
@@ -199,12 +200,20 @@ class Run:
         max_minutes = self.opts.max_minutes or self.recipe.run.max_minutes
         trainers = [c for c in sup.components if c.name.startswith("trainer-")]
         live = Live(console=self.console, refresh_per_second=2, transient=False) if self.opts.dashboard else None
+        stalls = StallDetector()
+        t = self.recipe.trainer
+        window = ((self.recipe.max_staleness + 1) * t.publish_every * t.batch_groups
+                  if self.recipe.feeder.admission else None)
         with live if live is not None else contextlib.nullcontext():
             last_line = last_advice = 0.0
             advice, regime = None, "unknown"
             while self.stop_reason == "running":
                 sup.poll()
                 snap = collector.snapshot()
+                steps, flow = observe(snap, self.recipe.policy_names, window)
+                done = frozenset(c.name.removeprefix("trainer-") for c in trainers if c.exit_code == 0)
+                for line in stalls.update(steps, time.time(), flow, done):
+                    self.event(line)  # also in events.log: a hang is never silent
                 if time.time() - last_advice > ADVICE_EVERY_S:
                     last_advice = time.time()
                     advice = advise(measure(rows_from_history(collector.history()), window_s=ADVICE_WINDOW_S,
@@ -214,7 +223,8 @@ class Run:
                         self.event(f"scaling: {advice.line}")
                 if live is not None:
                     live.update(render(snap, self.recipe.policy_names, f"astraflow run {self.recipe.name}",
-                                       self.events, advice.line if advice else None))
+                                       self.events, advice.line if advice else None,
+                                       stall=stalls.current()))
                 elif time.time() - last_line > 15:
                     last_line = time.time()
                     self._progress_line(snap)

@@ -92,13 +92,14 @@ def _walk_chain(event: WeightVersion, stop_at: int, cache_dir: Path | None,
     """Deltas from `event.version` back to `stop_at`, newest first; None if the chain is broken or
     (with `byte_budget`) the part older than the event's snapshot costs more than the budget."""
     uri, sha, version = event.delta_uri, event.delta_sha256, event.version
+    size = event.delta_bytes  # the event names the newest delta's size; older links only their sha
     chain: list[_Link] = []
     extra = 0
     while version > stop_at:
         if uri is None or sha is None or len(chain) >= MAX_CHAIN:
             return None
         try:
-            data = read_verified(uri, sha, cache_dir)
+            data = read_verified(uri, sha, cache_dir, size=size, limit=_delta_limit(event))
         except WeightNotFoundError as exc:
             log.info("delta chain of %s broken at version %d: %s", event.policy, version, exc)
             return None
@@ -120,7 +121,14 @@ def _walk_chain(event: WeightVersion, stop_at: int, cache_dir: Path | None,
         name = meta.get("base_delta") or None
         uri = resolve(uri, name) if name else None
         sha = meta.get("base_delta_sha256") or None
+        size = None
     return chain
+
+
+def _delta_limit(event: WeightVersion) -> int:
+    """The most bytes a delta of unknown size may have: a delta rewrites at most every tensor, so
+    twice the snapshot (indices and values) plus room for the header bounds it."""
+    return 2 * max(event.snapshot_bytes, event.delta_bytes or 0) + (1 << 20)
 
 
 def _apply_chain(held: HeldWeights, chain: list[_Link], event: WeightVersion) -> HeldWeights:
@@ -145,7 +153,9 @@ def _from_snapshot(event: WeightVersion, cache_dir: Path | None) -> HeldWeights:
     uri = event.snapshot_uri
     if not uri:
         raise WeightNotFoundError(f"WeightVersion {event.policy} v{event.version} names no snapshot")
-    data = read_verified(uri, event.snapshot_sha256, cache_dir)
+    if event.snapshot_bytes <= 0:  # a bound on what is read must come from the event
+        raise WeightIntegrityError(uri, f"WeightVersion {event.policy} v{event.version} names no snapshot size")
+    data = read_verified(uri, event.snapshot_sha256, cache_dir, size=event.snapshot_bytes)
     state, meta = _decode(uri, data)
     if (meta["format"] != fmt.SNAPSHOT_FORMAT or meta.get("policy") != event.policy
             or meta.get("version") != event.snapshot_version):

@@ -5,6 +5,11 @@ the hash chain of deltas); a mismatch is a WeightIntegrityError naming the URI. 
 transfer that breaks off resumes where it stopped (`Range: bytes=N-`), into `<cache_dir>/<sha>.part`
 when a cache directory is given (so even a restarted process resumes), else in memory.
 Content-addressed names make the cache safe to share: a file is only ever stored under its sha256.
+
+Reads are bounded, because the URI comes from an event anyone who can write to `weights` may forge:
+only regular files are opened (a FIFO or `/dev/zero` would block or never end), nothing is read
+past the size the event names (`size`) or a ceiling (`limit`), an HTTP body is read in chunks and
+abandoned as soon as it runs past that size, and the sha256 is computed while the bytes arrive.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import http.client
 import io
 import logging
 import os
+import stat
 import time
 import urllib.error
 import urllib.parse
@@ -28,6 +34,8 @@ log = logging.getLogger(__name__)
 #: Optional bearer token sent to (and required by) the trainer's weight server.
 TOKEN_ENV = "ASTRAFLOW_WEIGHTS_TOKEN"
 CHUNK = 1 << 20
+#: The most bytes read for a file whose size no event names (an older delta of a chain).
+MAX_UNSIZED_BYTES = 64 << 30
 
 
 class WeightStoreError(AstraFlowError):
@@ -68,58 +76,83 @@ def sha256_of(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def read_verified(uri: str, sha256: str, cache_dir: Path | None = None) -> bytes:
-    """The bytes of `uri`, checked against `sha256`."""
-    if is_http(uri):
-        return _read_http(uri, sha256, cache_dir)
+def read_verified(uri: str, sha256: str, cache_dir: Path | None = None, *, size: int | None = None,
+                  limit: int | None = None) -> bytes:
+    """The bytes of `uri`, checked against `sha256`. `size`: the exact size the event names (a file
+    of another size is refused); `limit`: the most bytes to read when the size is not known."""
+    cap = size if size is not None else (limit if limit is not None else MAX_UNSIZED_BYTES)
+    data, digest = _read_http(uri, sha256, cache_dir, cap) if is_http(uri) else _read_local(uri, cap)
+    if size is not None and len(data) != size:
+        raise WeightIntegrityError(uri, f"{len(data)} bytes, the event names {size}")
+    if digest != sha256:
+        raise WeightIntegrityError(uri, f"sha256 is {digest}, expected {sha256} ({len(data)} bytes read)")
+    return data
+
+
+def _read_local(uri: str, cap: int) -> tuple[bytes, str]:
+    """Read a regular file in chunks, never more than `cap` bytes; (bytes, their sha256)."""
     path = local_path(uri)
     try:
-        data = path.read_bytes()
+        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise WeightNotFoundError(f"{uri}: no such file") from None
     except OSError as exc:
         raise WeightStoreError(f"{uri}: cannot read: {exc}") from None
-    _check(uri, data, sha256)
-    return data
+    with os.fdopen(fd, "rb", buffering=0) as fh:
+        mode = os.fstat(fd).st_mode  # of what was opened, not of what the name pointed to before
+        if not stat.S_ISREG(mode):
+            raise WeightIntegrityError(uri, f"not a regular file (mode {stat.filemode(mode)}); refused")
+        buf, hasher = bytearray(), hashlib.sha256()
+        while len(buf) <= cap:
+            chunk = fh.read(min(CHUNK, cap + 1 - len(buf)))
+            if not chunk:
+                break
+            buf += chunk
+            hasher.update(chunk)
+    if len(buf) > cap:
+        raise WeightIntegrityError(uri, f"longer than the {cap} bytes expected; refused")
+    return bytes(buf), hasher.hexdigest()
 
 
-def _check(uri: str, data: bytes, sha256: str) -> None:
-    got = sha256_of(data)
-    if got != sha256:
-        raise WeightIntegrityError(uri, f"sha256 is {got}, expected {sha256} ({len(data)} bytes read)")
-
-
-def _read_http(uri: str, sha256: str, cache_dir: Path | None, attempts: int = 6,
-               timeout: float = 60.0) -> bytes:
+def _read_http(uri: str, sha256: str, cache_dir: Path | None, cap: int, attempts: int = 6,
+               timeout: float = 60.0) -> tuple[bytes, str]:
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
         final = cache_dir / sha256
         if final.exists():
             data = final.read_bytes()
             if sha256_of(data) == sha256:
-                return data
+                return data, sha256
             final.unlink()  # a damaged cache entry is not the server's fault: fetch again
         part = cache_dir / f"{sha256}.part"
-        with open(part, "ab+") as fh:
-            _download(uri, fh, attempts, timeout)
-            fh.seek(0)
-            data = fh.read()
-        if sha256_of(data) != sha256:
-            part.unlink(missing_ok=True)
-            _check(uri, data, sha256)
-        os.replace(part, final)
-        return data
+        try:
+            with open(part, "ab+") as fh:
+                digest = _download(uri, fh, attempts, timeout, cap)
+                fh.seek(0)
+                data = fh.read()
+        except WeightIntegrityError:
+            part.unlink(missing_ok=True)  # an oversized body is not worth resuming
+            raise
+        if digest != sha256:
+            part.unlink(missing_ok=True)  # the caller raises the integrity error
+        else:
+            os.replace(part, final)
+        return data, digest
     buf = io.BytesIO()
-    _download(uri, buf, attempts, timeout)
-    data = buf.getvalue()
-    _check(uri, data, sha256)
-    return data
+    digest = _download(uri, buf, attempts, timeout, cap)
+    return buf.getvalue(), digest
 
 
-def _download(uri: str, fh: BinaryIO, attempts: int, timeout: float) -> None:
-    """Append the rest of `uri` to `fh` (which may already hold a prefix), resuming after breaks."""
-    fh.seek(0, os.SEEK_END)
+def _download(uri: str, fh: BinaryIO, attempts: int, timeout: float, cap: int = MAX_UNSIZED_BYTES) -> str:
+    """Append the rest of `uri` to `fh` (which may already hold a prefix), resuming after breaks.
+    Returns the sha256 of everything in `fh`, computed as the bytes arrive. A body (or a promised
+    Content-Length) that runs past `cap` bytes is refused at once: an endless body is never read."""
+    fh.seek(0)
+    hasher = hashlib.sha256(fh.read())
     have = fh.tell()
+    if have > cap:
+        raise WeightIntegrityError(uri, f"cached prefix of {have} bytes exceeds the {cap} expected")
     token = os.environ.get(TOKEN_ENV)
     last: Exception | None = None
     for attempt in range(attempts):
@@ -134,22 +167,28 @@ def _download(uri: str, fh: BinaryIO, attempts: int, timeout: float) -> None:
                 if resp.status == 200 and have:  # the server ignored the range: start over
                     fh.seek(0)
                     fh.truncate()
-                    have = 0
+                    have, hasher = 0, hashlib.sha256()
+                if expected is not None and have + expected > cap:
+                    raise WeightIntegrityError(uri, f"the server promises {have + expected} bytes, more than "
+                                                    f"the {cap} expected; refused")
                 got = 0
                 while True:
-                    chunk = resp.read(CHUNK)
+                    chunk = resp.read(min(CHUNK, cap + 1 - have))
                     if not chunk:
                         break
                     fh.write(chunk)
+                    hasher.update(chunk)
                     got += len(chunk)
                     have += len(chunk)
+                    if have > cap:
+                        raise WeightIntegrityError(uri, f"the body runs past the {cap} bytes expected; refused")
                 if expected is not None and got < expected:
                     raise http.client.IncompleteRead(b"", expected - got)
                 fh.flush()
-                return
+                return hasher.hexdigest()
         except urllib.error.HTTPError as exc:
             if exc.code == 416 and have:
-                return  # nothing left to read: the prefix we hold is the whole file
+                return hasher.hexdigest()  # nothing left to read: the prefix we hold is the whole file
             if exc.code == 404:
                 raise WeightNotFoundError(f"{uri}: not found on the server (HTTP 404)") from None
             if exc.code in (401, 403):

@@ -190,9 +190,9 @@ def _record_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     real = fetch.read_verified
 
-    def spy(uri: str, sha: str, cache_dir=None):  # type: ignore[no-untyped-def]
+    def spy(uri: str, sha: str, cache_dir=None, **bounds):  # type: ignore[no-untyped-def]
         seen.append(uri)
-        return real(uri, sha, cache_dir)
+        return real(uri, sha, cache_dir, **bounds)
 
     monkeypatch.setattr(fetch, "read_verified", spy)
     return seen

@@ -62,7 +62,7 @@ def test_admission_window_spans_the_versions_a_sample_may_lag() -> None:
     assert not f.admitted()
     f.consumed["policy"] = 1  # one group trained (or discarded as stale) without a step yet
     assert f.admitted() and f.trainer_groups() == 1
-    f.stats["t"] = TaskStats(task_id="t", env="arithmetic", groups=4, zero_variance_groups=4, dropped_groups=2)
+    f.stats.put(TaskStats(task_id="t", env="arithmetic", groups=4, zero_variance_groups=4, dropped_groups=2))
     assert f.trainer_groups() == 3  # dropped groups count, zero-variance ones that were trained do not
 
 
@@ -72,11 +72,11 @@ def test_selective_rollout_skips_with_a_floor() -> None:
     f = Feeder(recipe, Path("/nonexistent"), KafkaSettings(bootstrap="x:1"))
     task = Task(task_id="t", env="arithmetic", roles={"agent": "policy"})
     assert not f.skip(task)  # no statistics yet
-    f.stats["t"] = TaskStats(task_id="t", env="arithmetic", groups=1, success_rate=1.0)
+    f.stats.put(TaskStats(task_id="t", env="arithmetic", groups=1, success_rate=1.0))
     assert not f.skip(task)  # too few groups to trust
-    f.stats["t"] = TaskStats(task_id="t", env="arithmetic", groups=5, success_rate=0.5)
+    f.stats.put(TaskStats(task_id="t", env="arithmetic", groups=5, success_rate=0.5))
     assert not f.skip(task)  # it teaches something
-    f.stats["t"] = TaskStats(task_id="t", env="arithmetic", groups=5, success_rate=1.0)
+    f.stats.put(TaskStats(task_id="t", env="arithmetic", groups=5, success_rate=1.0))
     decisions = [f.skip(task) for _ in range(400)]
     assert 0.6 < sum(decisions) / 400 < 0.9  # about 1 - keep_fraction skipped
     f.skips_in_row = 3

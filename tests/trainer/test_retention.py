@@ -1,0 +1,71 @@
+"""A trainer resumed at offsets that retention deleted says so: a warning naming the partitions
+and the gap, and the count in `samples.lost_to_retention`."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from astraflow.config import KafkaSettings
+from trainer import retention
+from trainer.service import Trainer
+
+
+def test_gaps_are_where_the_low_watermark_passed_the_checkpoint() -> None:
+    saved = {0: 100, 1: 50, 2: 7}
+    lows = {0: 100, 1: 80, 2: 0, 3: 500}  # 3: never read before, starts at the beginning
+    assert retention.gaps(saved, lows) == {1: (50, 80)}
+    assert retention.gaps({}, lows) == {}
+    assert retention.describe("ns.samples.solver", {1: (50, 80), 4: (0, 2)}) == (
+        "ns.samples.solver: 32 samples past the checkpoint were deleted by retention before this trainer "
+        "read them (partition 1: offsets 50..79, partition 4: offsets 0..1); it resumes at the earliest offsets left")
+
+
+class _Consumer:
+    def __init__(self, lows: dict[int, int]) -> None:
+        self.lows = lows
+
+    def get_watermark_offsets(self, tp: Any, timeout: float) -> tuple[int, int]:
+        return self.lows[tp.partition], self.lows[tp.partition] + 10
+
+
+def test_the_trainer_warns_and_counts_at_setup(caplog: pytest.LogCaptureFixture) -> None:
+    me = SimpleNamespace(consumer=_Consumer({0: 10, 1: 3}), topic="samples.p", partitions=[0, 1],
+                         buffer=SimpleNamespace(counts=Counter({"samples.lost_to_retention": 5})))
+    with caplog.at_level(logging.WARNING, logger="trainer.service"):
+        Trainer._check_retention(me, {0: 4, 1: 3})  # type: ignore[arg-type]
+    assert me.buffer.counts["samples.lost_to_retention"] == 11  # a running total across restarts
+    assert "partition 0: offsets 4..9" in caplog.text and "6 samples" in caplog.text
+    caplog.clear()
+    Trainer._check_retention(me, {0: 10, 1: 3})  # type: ignore[arg-type]
+    assert me.buffer.counts["samples.lost_to_retention"] == 11 and not caplog.text
+
+
+@pytest.mark.broker
+def test_low_watermarks_after_records_were_deleted(kafka: KafkaSettings, topics: Any) -> None:
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from astraflow.kafka import client_config, producer_config
+
+    topics(["policy"])
+    name = kafka.topic("samples.policy")
+    producer = Producer(producer_config(kafka))
+    for i in range(10):
+        producer.produce(name, key=b"k", value=str(i).encode(), partition=0)
+    producer.flush(30)
+    admin = AdminClient(client_config(kafka))
+    for fut in admin.delete_records([TopicPartition(name, 0, 6)]).values():
+        fut.result(30)
+    consumer = Consumer({**client_config(kafka), "group.id": "retention-probe", "enable.auto.commit": False})
+    try:
+        parts = sorted(consumer.list_topics(name, timeout=15).topics[name].partitions)
+        lows = retention.low_watermarks(consumer, name, parts)
+    finally:
+        consumer.close()
+    assert lows[0] == 6 and all(lows[p] == 0 for p in parts if p != 0)
+    assert retention.gaps({0: 2, **{p: 0 for p in parts if p != 0}}, lows) == {0: (2, 6)}

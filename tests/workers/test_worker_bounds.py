@@ -1,0 +1,116 @@
+"""A worker runs at most `max_episodes` episodes at once, whatever a task's group_size, and
+dead-letters a task whose group_size exceeds `max_group_size` (no broker: the loop is driven here)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from astraflow.config import KafkaSettings
+from astraflow.errors import ConfigError
+from astraflow.records import Task, encode
+from workers import worker as worker_mod
+from workers.worker import Worker
+
+from .conftest import make_recipe
+
+
+class _Dead:
+    def __init__(self) -> None:
+        self.letters: list[tuple[int, str]] = []
+
+    def publish_message(self, msg: Any, error: str, on_delivery: Any = None) -> None:
+        self.letters.append((msg.offset(), error))
+        if on_delivery is not None:
+            on_delivery(None)
+
+
+class _Msg:
+    def __init__(self, value: bytes, offset: int) -> None:
+        self._value, self._offset = value, offset
+
+    def error(self) -> None:
+        return None
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+    def value(self) -> bytes:
+        return self._value
+
+    def key(self) -> bytes:
+        return b"k"
+
+    def topic(self) -> str:
+        return "tasks"
+
+
+def _worker(tmp_path: Path, **cfg: Any) -> Worker:
+    recipe = make_recipe(feeder={"env": "arithmetic", "group_size": 4},
+                         worker={"max_episodes": 4, "max_group_size": 256, **cfg})
+    return Worker(recipe, tmp_path, KafkaSettings(), worker_id="w-bounds", region="test")
+
+
+def test_a_big_group_runs_at_most_max_episodes_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    running, peak, started = 0, 0, []
+
+    async def episode(runtime: Any, task: Task, k: int, *rest: Any) -> tuple[list[Any], int]:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        started.append(k)
+        await asyncio.sleep(0.001)
+        running -= 1
+        return [object()], 7
+
+    monkeypatch.setattr(worker_mod, "run_episode", episode)
+    w = _worker(tmp_path)
+
+    async def main() -> None:
+        w.loop = asyncio.get_running_loop()
+        w.runtime = None  # type: ignore[assignment]  # run_episode is replaced
+        w._publish = lambda traj: _acked(w.loop)  # type: ignore[method-assign]
+        w.tracker.start(0, 0)
+        task = Task(task_id="big", env="arithmetic", roles={"solver": "policy"}, group_size=200)
+        w.pending_episodes += task.group_size
+        await w._run_task(task, 0, 0)
+
+    asyncio.run(main())
+    assert sorted(started) == list(range(200))  # every episode ran, queued behind the limit
+    assert peak == 4  # never more than max_episodes at once
+    assert w.counts["tasks_done"] == 1 and w.counts["episodes"] == 200 and w.counts["tokens"] == 1400
+    assert w.pending_episodes == 0 and w.running_episodes == 0
+
+
+def _acked(loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+    fut: asyncio.Future[None] = loop.create_future()
+    fut.set_result(None)
+    return fut
+
+
+def test_a_task_over_max_group_size_is_dead_lettered_with_the_reason(tmp_path: Path) -> None:
+    w = _worker(tmp_path)
+    w.dead = _Dead()  # type: ignore[assignment]
+
+    async def main() -> None:
+        w.loop = asyncio.get_running_loop()
+        big = Task(task_id="huge", env="arithmetic", roles={"solver": "policy"}, group_size=4096)
+        w._on_message(_Msg(encode(big), offset=0))
+        for _ in range(3):
+            await asyncio.sleep(0)  # the dead letter's delivery settles the offset on the loop
+
+    asyncio.run(main())
+    assert w.dead.letters == [(0, "task huge: group_size 4096 exceeds worker.max_group_size 256")]
+    assert w.tasks == {} and w.pending_episodes == 0 and w.counts["deadletters"] == 1
+    assert w.tracker.inflight(0) == 0 and w.tracker.position(0) == 1  # its offset may be committed
+
+
+def test_a_recipe_whose_groups_no_worker_accepts_is_refused() -> None:
+    with pytest.raises((ConfigError, ValueError), match="max_group_size"):
+        make_recipe(feeder={"env": "arithmetic", "group_size": 2048}, worker={"max_group_size": 1024})
