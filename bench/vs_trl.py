@@ -183,7 +183,7 @@ def trl_child(cfg: dict[str, Any]) -> dict[str, Any]:
 
     times: list[float] = []
 
-    class Clock(TrainerCallback):  # type: ignore[misc]
+    class Clock(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             times.append(time.perf_counter())
 
@@ -201,6 +201,9 @@ def trl_child(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_trl(python: Path, init: Path, steps: int, seed: int, work: Path) -> dict[str, Any]:
+    if subprocess.run([str(python), "-c", "import trl"], capture_output=True).returncode:
+        raise RuntimeError(f"{python} cannot import trl: install the `bench` extra into its own venv "
+                           "(bench/RESULTS.md, 'Against TRL') and pass its python as --trl-python")
     cfg_file, result_file, log = work / "trl.json", work / "trl-result.json", work / "trl.log"
     cfg_file.write_text(json.dumps({"init": str(init), "steps": steps, "seed": seed, "out": str(work / "trl")}))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),

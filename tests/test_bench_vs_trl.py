@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import yaml
@@ -120,3 +122,43 @@ def test_help_runs_without_trl() -> None:
     out = subprocess.run([sys.executable, "-m", "bench.vs_trl", "--help"], cwd=REPO, capture_output=True,
                          text=True, check=True).stdout
     assert "--steps" in out and "--trl-python" in out
+
+
+class Oracle:
+    """A stand-in causal LM whose greedy choice is the answer then <eos>, then junk digits
+    (`wrong(prompt)` true: a wrong digit; `eos=False`: a digit where <eos> belongs)."""
+
+    def __init__(self, codec: Codec, wrong=lambda prompt: False, eos: bool = True) -> None:
+        self.codec, self.wrong, self.eos = codec, wrong, eos
+
+    def eval(self) -> Oracle:
+        return self
+
+    def __call__(self, ids: Any) -> Any:
+        import torch
+
+        logits = torch.zeros(ids.shape[0], ids.shape[1], len(self.codec.tokenizer))
+        for i, row in enumerate(ids.tolist()):
+            prompt = self.codec.text(row[1:5])  # [<bos>, a, +, b, =]
+            a, b = prompt.rstrip("=").split("+")
+            answer = str(int(a) + int(b) + (1 if self.wrong(prompt) else 0))
+            target = self.codec.ids(answer) + [self.codec.eos if self.eos else self.codec.ids("0")[0]]
+            done = len(row) - 5
+            logits[i, -1, target[done] if done < len(target) else self.codec.ids("5")[0]] = 1.0
+        return SimpleNamespace(logits=logits)
+
+
+@pytest.mark.parametrize(("wrong", "eos", "accuracy"), [
+    (lambda p: False, True, 1.0),  # junk after <eos> and past the budget is ignored
+    (lambda p: p.startswith("0+"), True, 0.9),
+    (lambda p: False, False, 0.0),  # no <eos>: require_eos
+])
+def test_greedy_accuracy_decodes_with_the_environments_budget_and_stop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, codec: Codec, wrong: Any, eos: bool,
+        accuracy: float) -> None:
+    import transformers
+
+    codec.tokenizer.save_pretrained(tmp_path)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda *a, **k: Oracle(codec, wrong, eos))
+    assert vs_trl.greedy_accuracy(tmp_path) == pytest.approx(accuracy)
