@@ -1,0 +1,314 @@
+"""TRL's `GRPOTrainer` against `astraflow run`: the same task, init checkpoint, budget and settings.
+
+The task is `recipes/arithmetic.yaml` with `feeder.env_args: {max_operand: 9, require_eos: true}`:
+the 100 sums 0..9 + 0..9, reward 1 when the completion's token ids are exactly the answer then
+<eos> (workers/envs/arithmetic.py; TRL's reward function calls that environment's `correct`).
+Both runs start from one init checkpoint (astraflow.models.init_checkpoint of the recipe's model;
+`astraflow run` gets it as `model.path`, TRL loads it with `from_pretrained`) and use lr 1e-4, a
+constant schedule, AdamW (0.9, 0.999, 1e-8), grad norm 1, 8 groups x 8 completions a step,
+temperature 1, top_p 1, no KL, token-mean loss with clip 0.2 / 0.28, one gradient step per batch,
+CPU, fp32. TRL's `max_completion_length` is the longest the environment allows (two answer digits
+then <eos>: 3); the environment gives one-digit answers 2 tokens, a completion longer than that
+scores 0 in both. Known difference: GRPO's std epsilon (ours 1e-6, TRL's 1e-4).
+
+Reported for each: wall time of the whole run (process start to exit, as a user waits for it) and
+of steps 2..N, completions/s over both, mean reward of the first and last tenth of the steps, and
+the greedy accuracy over all 100 prompts of the final checkpoint loaded with
+`AutoModelForCausalLM.from_pretrained` (astraflow: <run_dir>/trainer/solver/checkpoints/step-N).
+
+TRL is the optional `bench` extra and never in the default install. Its dependencies clash with
+the lock (see bench/RESULTS.md), so it lives in its own venv that also sees ours; the TRL half runs
+there as a subprocess (`--trl-python`):
+
+    python -m bench.vs_trl [--steps 1000] [--trl-python /root/.cache/astraflow/venv-trl/bin/python]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPE = REPO / "recipes" / "arithmetic.yaml"
+POLICY = "solver"
+ENV_ARGS: dict[str, Any] = {"max_operand": 9, "require_eos": True}
+GROUPS, GROUP_SIZE, LR = 8, 8, 1.0e-4
+CLIP_LOW, CLIP_HIGH = 0.2, 0.28
+DEFAULT_TRL_PYTHON = Path("/root/.cache/astraflow/venv-trl/bin/python")
+
+
+# ---------------------------------------------------------------- the task, shared by both halves
+
+def task_pool() -> list[tuple[str, str]]:
+    """(prompt, answer) of every problem, from the environment's own generator (one epoch)."""
+    from workers.envs.arithmetic import ArithmeticEnv
+
+    pool = []
+    for spec, epoch in ArithmeticEnv(**ENV_ARGS).tasks(0):
+        if epoch:
+            break
+        assert spec.prompt is not None
+        pool.append((spec.prompt, str(spec.payload["answer"])))
+    return sorted(pool)
+
+
+def max_completion_tokens(codec: Any) -> int:
+    """The longest completion the environment allows on any prompt (answer digits, then <eos>)."""
+    from workers.envs.arithmetic import ArithmeticEnv
+
+    env = ArithmeticEnv(**ENV_ARGS)
+    return max(env.turn_params({"answer": a}, codec)["max_tokens"] for _, a in task_pool())
+
+
+def score(completion_ids: list[list[int]], answers: list[str], codec: Any) -> list[float]:
+    """Rewards exactly as the environment gives them: 1.0 iff the ids are the answer then <eos>."""
+    from workers.envs.arithmetic import ArithmeticEnv
+
+    env = ArithmeticEnv(**ENV_ARGS)
+    return [1.0 if env.correct({"answer": a}, list(ids), codec) else 0.0
+            for ids, a in zip(completion_ids, answers, strict=True)]
+
+
+def tenths(rewards: list[float]) -> tuple[float, float]:
+    """Mean reward of the first and of the last tenth of the steps (at least one step each)."""
+    if not rewards:
+        return float("nan"), float("nan")
+    k = max(1, len(rewards) // 10)
+    return sum(rewards[:k]) / k, sum(rewards[-k:]) / k
+
+
+# ---------------------------------------------------------------- astraflow half
+
+def bench_recipe(base: dict[str, Any], init: Path, steps: int) -> dict[str, Any]:
+    """The arithmetic recipe with the bench's task, budget and settings, starting from `init`."""
+    data = copy.deepcopy(base)
+    data["model"] = {"path": str(init)}
+    data.setdefault("feeder", {}).update({"env_args": dict(ENV_ARGS), "group_size": GROUP_SIZE})
+    data.setdefault("worker", {}).update({"temperature": 1.0, "top_p": 1.0, "top_k": 0})
+    data.setdefault("trainer", {}).update({
+        "lr": LR, "batch_groups": GROUPS, "lr_decay": "none", "warmup_steps": 0, "weight_decay": 0.0,
+        "betas": [0.9, 0.999], "eps": 1e-8, "max_grad_norm": 1.0})
+    data["trainer"].setdefault("loss", {}).update({
+        "policy_loss": "ppo", "clip_low": CLIP_LOW, "clip_high": CLIP_HIGH, "aggregation": "token-mean",
+        "kl_coef": 0.0, "entropy_coef": 0.0})
+    data.setdefault("run", {})["max_steps"] = steps
+    return data
+
+
+def astraflow_metrics(run_dir: Path, steps: int) -> dict[str, Any]:
+    """Per-step rewards and step times of the trainer, from the run's metrics.jsonl."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    by_step = {r["step"]: r for r in rows if r.get("component") == "trainer" and r.get("step", 0) >= 1}
+    ordered = [by_step[s] for s in sorted(by_step)][:steps]
+    if not ordered:
+        raise RuntimeError(f"no trainer steps in {run_dir / 'metrics.jsonl'}")
+    return {"steps": len(ordered), "steps_s": ordered[-1]["time"] - ordered[0]["time"],
+            "rewards": [float(r["values"].get("reward.mean", float("nan"))) for r in ordered]}
+
+
+def final_checkpoint(run_dir: Path) -> Path:
+    """The trainer's last checkpoint (step-NNNNNNNN: the highest step sorts last)."""
+    found = sorted((run_dir / "trainer" / POLICY / "checkpoints").glob("step-*"))
+    if not found:
+        raise RuntimeError(f"no checkpoint under {run_dir / 'trainer' / POLICY / 'checkpoints'}")
+    return found[-1]
+
+
+def run_astraflow(init: Path, steps: int, work: Path) -> dict[str, Any]:
+    recipe_file = work / "arithmetic-vs-trl.yaml"
+    recipe_file.write_text(yaml.safe_dump(bench_recipe(yaml.safe_load(RECIPE.read_text()), init, steps)))
+    run_dir = work / "astraflow"
+    log = work / "astraflow.log"
+    start = time.perf_counter()
+    with log.open("w") as out:
+        done = subprocess.run([sys.executable, "-m", "astraflow.cli", "run", str(recipe_file), "--run-dir",
+                               str(run_dir), "--max-steps", str(steps), "--no-dashboard"],
+                              cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    total = time.perf_counter() - start
+    if done.returncode:
+        raise RuntimeError(f"astraflow run exited {done.returncode}; see {log}")
+    return {"total_s": total, **astraflow_metrics(run_dir, steps), "checkpoint": str(final_checkpoint(run_dir))}
+
+
+# ---------------------------------------------------------------- TRL half (runs under --trl-python)
+
+def trl_config(steps: int, out_dir: str, max_completion_length: int, seed: int) -> dict[str, Any]:
+    """GRPOConfig arguments matching the astraflow run (one 64-completion batch, one step)."""
+    return {
+        "output_dir": out_dir, "max_steps": steps, "seed": seed, "use_cpu": True, "bf16": False, "fp16": False,
+        "learning_rate": LR, "lr_scheduler_type": "constant", "warmup_steps": 0, "weight_decay": 0.0,
+        "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8, "max_grad_norm": 1.0,
+        "per_device_train_batch_size": GROUPS * GROUP_SIZE, "gradient_accumulation_steps": 1,
+        "num_generations": GROUP_SIZE, "num_iterations": 1, "beta": 0.0,
+        "epsilon": CLIP_LOW, "epsilon_high": CLIP_HIGH, "loss_type": "dapo", "scale_rewards": "group",
+        "temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_completion_length": max_completion_length,
+        "logging_steps": 1, "save_strategy": "no", "report_to": "none", "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+    }
+
+
+def trl_child(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Train with TRL in this process; returns per-step rewards and times."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from workers.envs.base import Codec, load_tokenizer
+
+    init = cfg["init"]
+    codec = Codec(load_tokenizer(init))
+    tokenizer = AutoTokenizer.from_pretrained(init)
+    pool = task_pool()
+    # The workers' prompt is [<bos>, *ids(prompt)]; "<bos>" in the text is that special token.
+    # TRL tokenizes plain-text prompts as `processing_class(text=prompts)`: check that call.
+    got = tokenizer(text=["<bos>" + p for p, _ in pool])["input_ids"]
+    want = [[codec.bos, *codec.ids(p)] for p, _ in pool]
+    if got != want:
+        raise RuntimeError(f"TRL's prompt ids {got[0]} differ from the workers' {want[0]}")
+    dataset = Dataset.from_list([{"prompt": "<bos>" + p, "answer": a} for p, a in pool])
+
+    def reward(completion_ids: list[list[int]], answer: list[str], **_: Any) -> list[float]:
+        return score(completion_ids, answer, codec)
+
+    times: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            times.append(time.perf_counter())
+
+    torch.manual_seed(cfg["seed"])
+    model = AutoModelForCausalLM.from_pretrained(init, dtype=torch.float32)
+    args = GRPOConfig(**trl_config(cfg["steps"], cfg["out"], max_completion_tokens(codec), cfg["seed"]))
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[Clock()])
+    trainer.train()
+    final = Path(cfg["out"]) / "final"
+    trainer.save_model(str(final))
+    tokenizer.save_pretrained(str(final))
+    rewards = [float(h["reward"]) for h in trainer.state.log_history if "reward" in h]
+    return {"steps": len(times), "steps_s": times[-1] - times[0], "rewards": rewards, "checkpoint": str(final)}
+
+
+def run_trl(python: Path, init: Path, steps: int, seed: int, work: Path) -> dict[str, Any]:
+    if subprocess.run([str(python), "-c", "import trl"], capture_output=True).returncode:
+        raise RuntimeError(f"{python} cannot import trl: install the `bench` extra into its own venv "
+                           "(bench/RESULTS.md, 'Against TRL') and pass its python as --trl-python")
+    cfg_file, result_file, log = work / "trl.json", work / "trl-result.json", work / "trl.log"
+    cfg_file.write_text(json.dumps({"init": str(init), "steps": steps, "seed": seed, "out": str(work / "trl")}))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"}
+    start = time.perf_counter()
+    with log.open("w") as out:
+        done = subprocess.run([str(python), "-m", "bench.vs_trl", "--trl-child", str(cfg_file),
+                               "--trl-result", str(result_file)], cwd=REPO, env=env, stdout=out,
+                              stderr=subprocess.STDOUT)
+    total = time.perf_counter() - start
+    if done.returncode:
+        raise RuntimeError(f"the TRL run exited {done.returncode}; see {log}:\n{log.read_text()[-3000:]}")
+    return {"total_s": total, **json.loads(result_file.read_text())}
+
+
+# ---------------------------------------------------------------- evaluation and report
+
+def greedy_accuracy(path: str | Path) -> float:
+    """Share of the 100 prompts answered exactly (then <eos>) by greedy decoding, with the
+    environment's own token budget and stop token, from `AutoModelForCausalLM.from_pretrained`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from workers.envs.arithmetic import ArithmeticEnv
+    from workers.envs.base import Codec, load_tokenizer
+
+    codec = Codec(load_tokenizer(path))
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    env = ArithmeticEnv(**ENV_ARGS)
+    pool = task_pool()
+    prompts = [[codec.bos, *codec.ids(p)] for p, _ in pool]
+    if len({len(p) for p in prompts}) != 1:
+        raise ValueError("greedy_accuracy batches prompts of one length (single-digit operands)")
+    ids = torch.tensor(prompts)
+    with torch.no_grad():
+        for _ in range(max_completion_tokens(codec)):
+            ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    correct = 0
+    for row, (_, answer) in zip(ids.tolist(), pool, strict=True):
+        state = {"answer": answer}
+        gen = row[len(prompts[0]):][: env.turn_params(state, codec)["max_tokens"]]
+        if codec.eos in gen:
+            gen = gen[: gen.index(codec.eos) + 1]
+        correct += env.correct(state, gen, codec)
+    return correct / len(pool)
+
+
+def summary(r: dict[str, Any]) -> dict[str, float]:
+    """The table's numbers for one run (completions = steps x 64)."""
+    completions = r["steps"] * GROUPS * GROUP_SIZE
+    first, last = tenths(r["rewards"])
+    steps_rate = (r["steps"] - 1) * GROUPS * GROUP_SIZE / r["steps_s"] if r["steps"] > 1 and r["steps_s"] > 0 else 0.0
+    return {"steps": r["steps"], "total_s": r["total_s"], "steps_s": r["steps_s"],
+            "cps_total": completions / r["total_s"], "cps_steps": steps_rate,
+            "reward_first": first, "reward_last": last, "greedy": r["greedy"]}
+
+
+def table(results: dict[str, dict[str, Any]], machine: str) -> str:
+    rows = {name: summary(r) for name, r in results.items()}
+    lines = [f"machine: {machine}",
+             f"task: arithmetic {ENV_ARGS}, {GROUPS} groups x {GROUP_SIZE} a step, lr {LR}, CPU fp32",
+             f"{'system':10s} {'steps':>6s} {'total s':>8s} {'compl/s':>8s} {'steps2..N s':>12s} "
+             f"{'compl/s':>8s} {'reward 1st 10%':>15s} {'reward last 10%':>16s} {'greedy acc':>11s}"]
+    for name, s in rows.items():
+        lines.append(f"{name:10s} {s['steps']:6d} {s['total_s']:8.1f} {s['cps_total']:8.1f} {s['steps_s']:12.1f} "
+                     f"{s['cps_steps']:8.1f} {s['reward_first']:15.3f} {s['reward_last']:16.3f} {s['greedy']:11.2f}")
+    if "astraflow" in rows and "trl" in rows:
+        a, t = rows["astraflow"], rows["trl"]
+        lines.append(f"astraflow/TRL speed: {t['total_s'] / a['total_s']:.2f}x whole run, "
+                     f"{(a['cps_steps'] / t['cps_steps']) if t['cps_steps'] else float('nan'):.2f}x steps 2..N")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=1000, help="optimiser steps for each system (default 1000)")
+    parser.add_argument("--seed", type=int, default=0, help="TRL's seed (astraflow's is the recipe's)")
+    parser.add_argument("--trl-python", type=Path, default=DEFAULT_TRL_PYTHON if DEFAULT_TRL_PYTHON.exists()
+                        else Path(sys.executable), help="a Python with the `bench` extra installed")
+    parser.add_argument("--work", type=Path, default=None, help="keep runs and logs here (default: a temp dir)")
+    parser.add_argument("--trl-child", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--trl-result", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.trl_child:
+        args.trl_result.write_text(json.dumps(trl_child(json.loads(args.trl_child.read_text()))))
+        return
+    if args.steps < 2:
+        parser.error("--steps must be at least 2")
+    from astraflow.config import load_recipe
+    from astraflow.models import init_checkpoint
+    from bench.machine import describe
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        init = init_checkpoint(load_recipe(RECIPE).model_for(POLICY), work / "init")
+        results = {"trl": run_trl(args.trl_python, init, args.steps, args.seed, work),
+                   "astraflow": run_astraflow(init, args.steps, work)}
+        for r in results.values():
+            r["greedy"] = greedy_accuracy(r["checkpoint"])
+        init_acc = greedy_accuracy(init)
+    print(table(results, describe()))
+    print(f"greedy accuracy of the init checkpoint: {init_acc:.2f}")
+
+
+if __name__ == "__main__":
+    main()
