@@ -15,6 +15,7 @@ it was blocked. Default workload: the full single-digit addition task of the TRL
 (arithmetic, 0..9 + 0..9, answer then <eos>).
 
     python -m bench.loop_breakdown [--recipe recipes/arithmetic.yaml] [--steps 200] [--set key=value ...]
+                                   [--baseline CHECKOUT]
 """
 
 from __future__ import annotations
@@ -58,14 +59,14 @@ def quantiles(xs: list[float]) -> str:
     return f"{1000 * statistics.median(xs):7.1f} {1000 * p90:8.1f}"
 
 
-def run_once(recipe_file: Path, steps: int, work: Path, bootstrap: str) -> tuple[Path, float]:
-    run_dir = work / "run"
-    env = {**os.environ, "ASTRAFLOW_BOOTSTRAP": bootstrap}
+def run_once(recipe_file: Path, steps: int, run_dir: Path, bootstrap: str, code: Path = REPO) -> float:
+    """`astraflow run` of the checkout at `code` (its own package first on the path); wall seconds."""
+    env = {**os.environ, "ASTRAFLOW_BOOTSTRAP": bootstrap, "PYTHONPATH": str(code)}
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "astraflow.cli", "run", str(recipe_file), "--run-dir", str(run_dir),
-                    "--max-steps", str(steps), "--no-dashboard"], check=True, cwd=REPO, env=env,
+                    "--max-steps", str(steps), "--no-dashboard"], check=True, cwd=code, env=env,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return run_dir, time.perf_counter() - start
+    return time.perf_counter() - start
 
 
 def breakdown(settings: KafkaSettings, run_dir: Path, policy: str) -> dict[str, list[float]]:
@@ -87,6 +88,8 @@ def breakdown(settings: KafkaSettings, run_dir: Path, policy: str) -> dict[str, 
     published = dict(versions)
     ledger = [json.loads(line) for line in (run_dir / "trainer" / policy / "trained.jsonl").read_text().splitlines()
               if line.strip()]
+    if not ledger or "formed" not in ledger[0]:  # a checkout older than the timestamps: none of this
+        return {}
     out: dict[str, list[float]] = {k: [] for k in (
         "admitted -> episodes start", "episodes start -> last trajectory", "last trajectory -> last sample",
         "last sample -> batch formed", "batch formed -> step done", "step done -> weights event",
@@ -115,6 +118,29 @@ def breakdown(settings: KafkaSettings, run_dir: Path, policy: str) -> dict[str, 
     return out
 
 
+def measure(recipe_file: Path, steps: int, work: Path, code: Path) -> dict[str, Any]:
+    """One run of `code` on a broker of its own; its stages, step intervals, reward and lag."""
+    recipe = load_recipe(recipe_file)
+    state = broker.start(port=0, data_dir=work / "kafka")
+    try:
+        run_dir = work / "run"
+        wall = run_once(recipe_file, steps, run_dir, state.bootstrap, code)
+        settings = KafkaSettings(bootstrap=state.bootstrap, namespace=recipe.name)  # as `run` names it
+        stages = breakdown(settings, run_dir, recipe.policy_names[0])
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    finally:
+        broker.stop(work / "kafka")
+    trainer = sorted((r for r in rows if r["component"] == "trainer" and r["step"] >= 1), key=lambda r: r["step"])
+    times = [r["time"] for r in trainer]
+    stages["step interval (trainer metrics)"] = [b - a for a, b in zip(times, times[1:], strict=False)]
+    tenth = max(1, len(trainer) // 10)
+    reward = [r["values"].get("reward.mean", float("nan")) for r in trainer]
+    lags = [r["values"].get("staleness.mean", 0.0) for r in trainer]
+    return {"wall": wall, "steps_s": times[-1] - times[0], "steps": len(trainer), "stages": stages,
+            "first": statistics.fmean(reward[:tenth]), "last": statistics.fmean(reward[-tenth:]),
+            "lag": statistics.fmean(lags) if lags else 0.0}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "arithmetic.yaml")
@@ -122,7 +148,10 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="recipe overrides, YAML values (e.g. max_staleness=4)")
     parser.add_argument("--no-full-addition", action="store_true", help="keep the recipe's own env_args")
-    parser.add_argument("--keep", type=Path, help="work in this directory and keep the run there")
+    parser.add_argument("--baseline", type=Path, metavar="CHECKOUT",
+                        help="also run this checkout of the project first (e.g. a `git worktree` of an "
+                             "older commit) and print both side by side")
+    parser.add_argument("--keep", type=Path, help="work in this directory and keep the runs there")
     args = parser.parse_args()
     data = yaml.safe_load(args.recipe.read_text())
     if not args.no_full_addition and "arithmetic" in args.recipe.name:
@@ -131,35 +160,37 @@ def main() -> None:
     for item in args.set:
         key, _, value = item.partition("=")
         override(data, key, yaml.safe_load(value))
+    codes = {"baseline": args.baseline.resolve()} if args.baseline else {}
+    codes["this"] = REPO
+    results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         recipe_file = work / "recipe.yaml"
         recipe_file.write_text(yaml.safe_dump(data))
         recipe = load_recipe(recipe_file)
-        state = broker.start(port=0, data_dir=work / "kafka")
-        try:
-            run_dir, wall = run_once(recipe_file, args.steps, work, state.bootstrap)
-            settings = KafkaSettings(bootstrap=state.bootstrap, namespace=recipe.name)  # as `run` names it
-            policy = recipe.policy_names[0]
-            stages = breakdown(settings, run_dir, policy)
-            rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        finally:
-            broker.stop(work / "kafka")
-    trainer = [r for r in rows if r["component"] == "trainer" and r["step"] >= 1]
-    tenth = max(1, len(trainer) // 10)
-    reward = [r["values"].get("reward.mean", float("nan")) for r in sorted(trainer, key=lambda r: r["step"])]
-    lags = [r["values"].get("staleness.mean", 0.0) for r in trainer]
+        for name, code in codes.items():
+            results[name] = measure(recipe_file, args.steps, work / name, code)
     print(f"machine: {describe()}")
     print(f"workload: {recipe.name} {json.dumps(data.get('feeder', {}).get('env_args', {}))}, {args.steps} steps of "
           f"{recipe.trainer.batch_groups} groups x {recipe.feeder.group_size}, max_staleness {recipe.max_staleness}, "
-          f"{recipe.worker.count} workers; overrides {args.set}")
-    print(f"wall {wall:.1f} s for {args.steps} steps (start-up and shutdown included); "
-          f"reward first tenth {statistics.fmean(reward[:tenth]):.3f}, last tenth {statistics.fmean(reward[-tenth:]):.3f}; "
-          f"mean lag of trained samples {statistics.fmean(lags) if lags else 0:.2f}")
-    print(f"{'stage':52s} {'p50 ms':>7s} {'p90 ms':>8s} {'n':>6s}")
-    for name, xs in stages.items():
-        print(f"{name:52s} {quantiles(xs)} {len(xs):6d}")
+          f"{recipe.worker.count} workers; overrides {args.set}; runs: "
+          + ", ".join(f"{n} = {c}" for n, c in codes.items()))
+    print(f"{'run':10s} {'wall s':>7s} {'steps 2..N s':>13s} {'s/step':>7s} {'reward 1st 10%':>15s} "
+          f"{'last 10%':>9s} {'mean lag':>9s}")
+    for name, r in results.items():
+        print(f"{name:10s} {r['wall']:7.1f} {r['steps_s']:13.1f} {r['steps_s'] / max(1, r['steps'] - 1):7.3f} "
+              f"{r['first']:15.3f} {r['last']:9.3f} {r['lag']:9.2f}")
+    if "baseline" in results:
+        print(f"speed of this / baseline (steps 2..N): {results['baseline']['steps_s'] / results['this']['steps_s']:.2f}x")
+    names = list(results)
+    print(f"{'stage (p50 / p90 ms)':52s} " + " ".join(f"{n:>17s}" for n in names))
+    for stage in results["this"]["stages"]:
+        cells = []
+        for n in names:
+            xs = results[n]["stages"].get(stage, [])
+            cells.append(f"{quantiles(xs):>17s}")
+        print(f"{stage:52s} " + " ".join(cells))
 
 
 if __name__ == "__main__":
