@@ -57,17 +57,25 @@ def broker_start(
     data_dir: DataDir = None,
     heap: Annotated[str, typer.Option(help="JVM heap.")] = "512m",
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the broker to answer.")] = 180.0,
+    secure: Annotated[bool, typer.Option("--secure", help="SASL_SSL (SCRAM-SHA-512) with a CA it makes, one user "
+                                         "per component kind, ACLs enforced; credentials in DATA_DIR/secure.")] = False,
 ) -> None:
     """Start the broker (or report the one already running) and print its bootstrap address."""
     from astraflow import broker
 
     try:
         state = broker.start(port=port, data_dir=data_dir, heap=heap, timeout=timeout,
-                             progress=lambda m: console.print(m, highlight=False))
+                             progress=lambda m: console.print(m, highlight=False), secured=secure)
     except AstraFlowError as exc:
         raise fail(str(exc)) from None
     console.print(f"Kafka {broker.kafka_version()} is up (PID {state.pid}); log: {state.log_file}", highlight=False)
-    console.print(f"use it with: export ASTRAFLOW_BOOTSTRAP={state.bootstrap}", highlight=False)
+    if state.secure:
+        sdir = Path(state.data_dir) / "secure"
+        console.print(f"SASL_SSL (SCRAM-SHA-512) only; CA {sdir / 'ca.pem'}; users and passwords (mode 0600) in "
+                      f"{sdir / 'credentials.json'}; ACLs deny everything not granted "
+                      f"(`astraflow run --secure` grants each component its own)", highlight=False)
+    else:
+        console.print(f"use it with: export ASTRAFLOW_BOOTSTRAP={state.bootstrap}", highlight=False)
     out.print(state.bootstrap, highlight=False)
 
 
