@@ -4,20 +4,24 @@ regions (without the shared filesystem) fetch snapshots and deltas with resumabl
 Read-only, files under the root only (no listings, no `..`), single byte ranges (`bytes=a-b`,
 `bytes=a-`, `bytes=-n`) answered with 206 and Content-Range. Integrity does not depend on the
 transport: readers check every file against the sha256 carried by the (authenticated) Kafka
-event. Confidentiality does: an optional bearer token keeps casual readers out; put TLS in front
-for untrusted networks.
+event. Confidentiality does: a bearer token keeps casual readers out. The token is the one the
+readers send, ASTRAFLOW_WEIGHTS_TOKEN, unless given explicitly; `astraflow run --secure` sets it
+for the trainers and workers only. There is no TLS here: put TLS in front for untrusted networks.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
+import os
 import re
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import BinaryIO
+
+from astraflow.weights.transport import TOKEN_ENV
 
 log = logging.getLogger(__name__)
 RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
@@ -137,7 +141,8 @@ class WeightServer:
                  advertise_host: str | None = None) -> None:
         self._server = _Server((host, port), _Handler)
         self._server.root = Path(root).resolve()
-        self._server.token = token
+        # the same variable the readers send (transport.TOKEN_ENV), so a run sets one secret for both
+        self._server.token = token if token is not None else (os.environ.get(TOKEN_ENV) or None)
         self._server.cut_after = None
         self.port = self._server.server_address[1]
         self.url = f"http://{advertise_host or host}:{self.port}/"

@@ -4,6 +4,7 @@ reaching past their principal's ACLs are refused, each with its specific error."
 
 from __future__ import annotations
 
+import json
 import shutil
 import stat
 import threading
@@ -18,6 +19,8 @@ from astraflow import topics as topic_spec
 from astraflow.broker import acls, launcher, secure
 from astraflow.config import KafkaSettings
 from astraflow.kafka import client_config, make_admin
+from tests.conftest import subprocess_env
+from tests.e2e.helpers import finish, processes_of, recipe_copy, start_run, summary, trainer_steps, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -209,3 +212,52 @@ def test_a_principal_may_not_read_a_topic_or_join_a_group_it_was_not_granted(
     err = _produce(other, "trajectories")
     assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, err
 
+
+TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+@pytest.mark.e2e
+def test_a_recipe_trains_end_to_end_on_the_secured_broker_with_one_principal_per_component(tmp_path: Path) -> None:
+    # weights over HTTP: the worker fetches them from the trainer's server with the run's token
+    recipe = recipe_copy("arithmetic", tmp_path, model=TINY, worker={"count": 1},
+                         trainer={"batch_groups": 2, "serve_http": True}, run={"max_steps": None})
+    run_dir = tmp_path / "run"
+    proc = start_run(recipe, run_dir, subprocess_env(), "--max-steps", "5", "--secure")
+    wait_for(lambda: trainer_steps(run_dir, "solver") >= 1 or proc.poll() is not None, 900, "a trainer step")
+    assert proc.poll() is None, finish(proc, 60)[-5000:]
+    # every component runs as its own kind's principal, over SASL_SSL; none holds the admin password
+    users = {}
+    for pid, cmd in processes_of(run_dir):
+        env = _environ(pid)
+        for kind in ("trainer", "streams", "worker", "feed"):
+            if f"astraflow.cli {kind} " in cmd or f"astraflow {kind} " in cmd:
+                users[kind] = (env.get("ASTRAFLOW_SASL_USERNAME"), env.get("ASTRAFLOW_SECURITY_PROTOCOL"))
+    assert users == {"trainer": ("trainer", "SASL_SSL"), "streams": ("streams", "SASL_SSL"),
+                     "worker": ("worker", "SASL_SSL"), "feed": ("feeder", "SASL_SSL")}, users
+    tokens = {kind: _environ(pid).get("ASTRAFLOW_WEIGHTS_TOKEN") for pid, cmd in processes_of(run_dir)
+              for kind in ("trainer", "worker", "feed", "streams") if f"astraflow.cli {kind} " in cmd}
+    assert tokens["trainer"] and tokens["trainer"] == tokens["worker"], tokens
+    assert tokens["feed"] is None and tokens["streams"] is None, tokens
+    out = finish(proc, 900)
+    assert proc.returncode == 0, out[-5000:]
+    assert "SASL_SSL (SCRAM-SHA-512) with ACLs" in out
+    assert "every trainer reached 5 steps" in out
+    assert summary(run_dir)["policies"]["solver"]["steps"] >= 5
+    assert processes_of(run_dir) == []
+    # the streams worker (Faust/aiokafka) did its part over SCRAM-SHA-512 and SSL: samples reached the trainer
+    assert "Traceback" not in (run_dir / "logs" / "streams.log").read_text()
+    # the worker loaded published weights over HTTP with the token, and refused none
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    last = [r["values"] for r in rows if r["component"] == "worker"][-1]
+    assert last["worker.weights_applied"] >= 1 and last["worker.weights_refused"] == 0, last
+    denied = [line for line in (run_dir / "broker" / "logs" / "kafka.log").read_text().splitlines()
+              if "is Denied operation" in line]
+    assert denied == [], denied[:5]
