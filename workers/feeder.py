@@ -36,6 +36,7 @@ from astraflow.errors import ConfigError
 from astraflow.kafka import DeadLetters, Publisher, consumer_config
 from astraflow.metrics import MetricsReporter
 from astraflow.records import RecordError, Task, TaskStats, WeightVersion, decode
+from astraflow.weights.auth import verify
 from workers.follower import high_watermarks
 from workers.registry import environment_class, workflow_class
 
@@ -146,6 +147,8 @@ class Feeder:
                 continue
             try:
                 rec = decode(msg.value() or b"")
+                if isinstance(rec, WeightVersion):
+                    verify(rec)  # a forged event must not open the admission window
             except RecordError as exc:
                 self.dead.publish_message(msg, str(exc))
                 self.counts["deadletters"] += 1

@@ -107,6 +107,17 @@ def ensure_credentials(data_dir: Path) -> dict[str, str]:
     return passwords
 
 
+def run_secrets(data_dir: Path) -> dict[str, str]:
+    """The weight server's token and the WeightVersion HMAC key of the runs on this broker: made
+    once and kept (0600), so a resumed run still accepts the events already on `weights`."""
+    path = secure_dir(data_dir) / "run-secrets.json"
+    if not path.exists():
+        secure_dir(data_dir).mkdir(parents=True, exist_ok=True)
+        _write_private(path, json.dumps({"weights_token": secrets.token_urlsafe(32),
+                                         "weights_mac_key": secrets.token_urlsafe(32)}, indent=2))
+    return dict(json.loads(path.read_text()))
+
+
 def credentials(data_dir: Path, kind: str) -> Credentials:
     """The credentials of component kind `kind` (or `admin`) of the secured broker in `data_dir`."""
     path = secure_dir(data_dir) / CREDENTIALS

@@ -16,7 +16,6 @@ import contextlib
 import json
 import logging
 import os
-import secrets
 import shutil
 import signal
 import sys
@@ -38,6 +37,7 @@ from astraflow.runner.collector import Collector
 from astraflow.runner.dashboard import render
 from astraflow.runner.report import summary_text, write_report
 from astraflow.runner.supervisor import Component, Supervisor
+from astraflow.weights.auth import SECRET_ENV
 from astraflow.weights.transport import TOKEN_ENV
 
 log = logging.getLogger(__name__)
@@ -168,12 +168,16 @@ class Run:
         self.event(f"ACLs: {len(grants)} grants for trainer, streams, worker and feeder")
         data_dir = self.run_dir / "broker"
         bootstrap = settings.require_bootstrap()
-        token = secrets.token_urlsafe(32)  # the weight server's: trainers serve, workers read
+        kept = secure.run_secrets(data_dir)  # the same on a resume: events already on `weights` stay valid
+        token = kept["weights_token"]  # the weight server's: trainers serve, workers read
+        mac_key = kept["weights_mac_key"]  # WeightVersion HMACs: trainers sign, workers and the feeder verify
         for c in comps:
             kind = component_kind(c.name)
             c.env.update(secure.credentials(data_dir, kind).env(bootstrap))
             if kind in ("trainer", "worker"):
                 c.env[TOKEN_ENV] = token
+            if kind in ("trainer", "worker", "feeder"):
+                c.env[SECRET_ENV] = mac_key
 
     def _handle_signal(self, signum: int, _frame: Any) -> None:
         self._signals += 1
