@@ -68,32 +68,39 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 
 def make_certificates(sdir: Path) -> None:
-    """A CA (ca.pem, its key ca.key) and a broker key and certificate for localhost/127.0.0.1 signed
-    by it, as one PEM (broker.pem: PKCS#8 key + chain) that Kafka reads with ssl.keystore.type=PEM.
-    Made once: an existing set is kept so clients' CA files stay valid across restarts."""
-    if (sdir / "broker.pem").exists() and (sdir / "ca.pem").exists():
-        return
+    """A CA (ca.pem, its key ca.key) and, signed by it for localhost/127.0.0.1, a certificate for the
+    broker and one for the trainers' weight servers, each as one PEM (PKCS#8 key + chain: broker.pem,
+    which Kafka reads with ssl.keystore.type=PEM, and weights.pem). Made once: existing files are kept
+    so clients' CA files stay valid across restarts."""
     sdir.mkdir(parents=True, exist_ok=True)
     os.chmod(sdir, 0o700)
     old = os.umask(0o077)  # keys are born private
     try:
-        _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", "ca.key", cwd=sdir)
-        _openssl("req", "-x509", "-new", "-key", "ca.key", "-sha256", "-days", "3650", "-subj",
-                 "/CN=AstraFlow local CA", "-addext", "basicConstraints=critical,CA:TRUE",
-                 "-addext", "keyUsage=critical,keyCertSign,cRLSign", "-out", "ca.pem", cwd=sdir)
-        _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", "broker.key", cwd=sdir)
-        _openssl("req", "-new", "-key", "broker.key", "-subj", "/CN=localhost", "-out", "broker.csr", cwd=sdir)
-        (sdir / "broker.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n"
-                                         "extendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n")
-        _openssl("x509", "-req", "-in", "broker.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-days", "825", "-sha256", "-extfile", "broker.ext", "-out", "broker.crt", cwd=sdir)
+        if not (sdir / "ca.pem").exists():
+            _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", "ca.key", cwd=sdir)
+            _openssl("req", "-x509", "-new", "-key", "ca.key", "-sha256", "-days", "3650", "-subj",
+                     "/CN=AstraFlow local CA", "-addext", "basicConstraints=critical,CA:TRUE",
+                     "-addext", "keyUsage=critical,keyCertSign,cRLSign", "-out", "ca.pem", cwd=sdir)
+            os.chmod(sdir / "ca.pem", 0o644)  # the CA certificate is public; its key is not
+        for name in ("broker", "weights"):
+            if not (sdir / f"{name}.pem").exists():
+                _leaf(sdir, name)
     finally:
         os.umask(old)
-    bundle = (sdir / "broker.key").read_text() + (sdir / "broker.crt").read_text() + (sdir / "ca.pem").read_text()
-    _write_private(sdir / "broker.pem", bundle)
-    os.chmod(sdir / "ca.pem", 0o644)  # the CA certificate is public; its key is not
-    for name in ("broker.csr", "broker.ext", "broker.crt", "broker.key"):
-        (sdir / name).unlink(missing_ok=True)
+
+
+def _leaf(sdir: Path, name: str) -> None:
+    """`<name>.pem`: a key and a server certificate for localhost and 127.0.0.1 signed by the CA."""
+    _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", f"{name}.key", cwd=sdir)
+    _openssl("req", "-new", "-key", f"{name}.key", "-subj", "/CN=localhost", "-out", f"{name}.csr", cwd=sdir)
+    (sdir / f"{name}.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n"
+                                      "extendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n")
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+             "-days", "825", "-sha256", "-extfile", f"{name}.ext", "-out", f"{name}.crt", cwd=sdir)
+    bundle = "".join((sdir / f).read_text() for f in (f"{name}.key", f"{name}.crt", "ca.pem"))
+    _write_private(sdir / f"{name}.pem", bundle)
+    for suffix in ("csr", "ext", "crt", "key"):
+        (sdir / f"{name}.{suffix}").unlink(missing_ok=True)
 
 
 def ensure_credentials(data_dir: Path) -> dict[str, str]:

@@ -38,7 +38,8 @@ from astraflow.runner.dashboard import render
 from astraflow.runner.report import summary_text, write_report
 from astraflow.runner.supervisor import Component, Supervisor
 from astraflow.weights.auth import SECRET_ENV
-from astraflow.weights.transport import TOKEN_ENV
+from astraflow.weights.server import TLS_CERT_ENV
+from astraflow.weights.transport import CA_ENV, TOKEN_ENV
 
 log = logging.getLogger(__name__)
 
@@ -174,8 +175,11 @@ class Run:
         for c in comps:
             kind = component_kind(c.name)
             c.env.update(secure.credentials(data_dir, kind).env(bootstrap))
-            if kind in ("trainer", "worker"):
+            if kind in ("trainer", "worker"):  # weights over https with the token, checked against the CA
                 c.env[TOKEN_ENV] = token
+                c.env[CA_ENV] = str(secure.secure_dir(data_dir) / "ca.pem")
+            if kind == "trainer":
+                c.env[TLS_CERT_ENV] = str(secure.secure_dir(data_dir) / "weights.pem")
             if kind in ("trainer", "worker", "feeder"):
                 c.env[SECRET_ENV] = mac_key
 

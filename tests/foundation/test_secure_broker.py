@@ -18,7 +18,7 @@ import pytest
 from astraflow import topics as topic_spec
 from astraflow.broker import acls, launcher, secure
 from astraflow.config import KafkaSettings
-from astraflow.kafka import client_config, make_admin
+from astraflow.kafka import client_config, make_admin, read_to_end
 from tests.conftest import subprocess_env
 from tests.e2e.helpers import finish, processes_of, recipe_copy, start_run, summary, trainer_steps, wait_for
 
@@ -242,7 +242,7 @@ def _forge_weights(run_dir: Path) -> None:
 
 @pytest.mark.e2e
 def test_a_recipe_trains_end_to_end_on_the_secured_broker_with_one_principal_per_component(tmp_path: Path) -> None:
-    # weights over HTTP: the worker fetches them from the trainer's server with the run's token
+    # weights over HTTPS: the worker fetches them from the trainer's server with the run's token and CA
     recipe = recipe_copy("arithmetic", tmp_path, model=TINY, worker={"count": 1},
                          trainer={"batch_groups": 2, "serve_http": True}, run={"max_steps": None})
     run_dir = tmp_path / "run"
@@ -266,6 +266,12 @@ def test_a_recipe_trains_end_to_end_on_the_secured_broker_with_one_principal_per
     _forge_weights(run_dir)
     wait_for(lambda: "mac: missing" in (run_dir / "logs" / "worker-0.log").read_text()
              or proc.poll() is not None, 120, "the worker to dead-letter the forged event")
+    state = launcher.BrokerState.load(run_dir / "broker")
+    assert state is not None
+    events = [e for _, e in read_to_end(settings_of(state, "admin"), "weights")]
+    signed = [e for e in events if e.mac is not None]
+    assert signed and len(signed) == len(events) - 1  # all but the forged one
+    assert all(e.snapshot_uri.startswith("https://127.0.0.1:") for e in signed), signed[0].snapshot_uri
     out = finish(proc, 900)
     assert proc.returncode == 0, out[-5000:]
     assert "SASL_SSL (SCRAM-SHA-512) with ACLs" in out
@@ -274,7 +280,7 @@ def test_a_recipe_trains_end_to_end_on_the_secured_broker_with_one_principal_per
     assert processes_of(run_dir) == []
     # the streams worker (Faust/aiokafka) did its part over SCRAM-SHA-512 and SSL: samples reached the trainer
     assert "Traceback" not in (run_dir / "logs" / "streams.log").read_text()
-    # the worker loaded published weights over HTTP with the token, never refused by the server (the
+    # the worker loaded published weights over HTTPS with the token, never refused by the server (the
     # last version may be refused with "connection refused": the trainer, done, stops serving first)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     last = [r["values"] for r in rows if r["component"] == "worker"][-1]
