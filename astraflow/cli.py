@@ -109,6 +109,43 @@ def broker_status(data_dir: DataDir = None) -> None:
         raise typer.Exit(1)
 
 
+@broker_app.command("grant")
+def broker_grant(
+    recipe: Annotated[Path, typer.Option("--recipe", "-r", help="Recipe YAML (policies, group names, namespace).")],
+    data_dir: DataDir = None,
+) -> None:
+    """On a broker started with --secure: create the recipe's topics and grant each component kind
+    (trainer, streams, worker, feeder) its least-privilege ACLs, as the admin principal. For
+    components started by hand; `astraflow run --secure` does this itself."""
+    from astraflow import broker, topics
+    from astraflow.broker import acls, secure
+    from astraflow.config import load_recipe
+    from astraflow.kafka import make_admin
+
+    data_dir = (data_dir or broker.default_data_dir()).expanduser().resolve()
+    try:
+        state, answering = broker.status(data_dir)
+        if state is None or not answering or not state.secure:
+            raise fail(f"no secured broker answers in {data_dir} (start one with `astraflow broker start --secure`)")
+        loaded = load_recipe(recipe)
+        environ = secure.credentials(data_dir, "admin").env(state.bootstrap)
+        if os.environ.get("ASTRAFLOW_NAMESPACE"):
+            environ["ASTRAFLOW_NAMESPACE"] = os.environ["ASTRAFLOW_NAMESPACE"]
+        settings = KafkaSettings.from_env(loaded.kafka, environ=environ)
+        admin = make_admin(settings)
+        topics.apply(admin, topics.expand(topics.load_spec(), loaded.policy_names, settings))
+        grants = acls.plan(settings, loaded.policy_names, loaded.streams.app_id, loaded.worker.group)
+        acls.apply(admin, grants)
+    except AstraFlowError as exc:
+        raise fail(str(exc)) from None
+    sdir = data_dir / secure.SECURE_DIR
+    console.print(f"{len(grants)} ACLs granted in namespace {settings.namespace!r} on {state.bootstrap}. "
+                  f"A component of kind K connects with ASTRAFLOW_SECURITY_PROTOCOL=SASL_SSL "
+                  f"ASTRAFLOW_SASL_USERNAME=K, ASTRAFLOW_SASL_PASSWORD from {sdir / secure.CREDENTIALS} and "
+                  f"ASTRAFLOW_SSL_CA_LOCATION={sdir / 'ca.pem'}", highlight=False)
+    out.print(str(len(grants)))
+
+
 @broker_app.command("fetch")
 def broker_fetch() -> None:
     """Resolve the Kafka jars into the cache (done automatically by `start`)."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import shutil
 import stat
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -19,7 +21,7 @@ from astraflow import topics as topic_spec
 from astraflow.broker import acls, launcher, secure
 from astraflow.config import KafkaSettings
 from astraflow.kafka import client_config, make_admin, read_to_end
-from tests.conftest import subprocess_env
+from tests.conftest import REPO, subprocess_env
 from tests.e2e.helpers import finish, processes_of, recipe_copy, start_run, summary, trainer_steps, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -210,6 +212,23 @@ def test_a_principal_may_not_read_a_topic_or_join_a_group_it_was_not_granted(
     # another namespace is another run: nothing granted there
     other = settings_of(secured, "worker", namespace + "x")
     err = _produce(other, "trajectories")
+    assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, err
+
+
+def test_broker_grant_gives_hand_started_components_their_acls(secured: launcher.BrokerState) -> None:
+    from confluent_kafka import KafkaError
+
+    ns = f"g{uuid.uuid4().hex[:8]}"
+    result = subprocess.run([sys.executable, "-m", "astraflow.cli", "broker", "grant", "--recipe",
+                             str(REPO / "recipes" / "arithmetic.yaml"), "--data-dir", secured.data_dir],
+                            env=subprocess_env(ASTRAFLOW_NAMESPACE=ns), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert int(result.stdout.strip()) == len(acls.plan(KafkaSettings(bootstrap="x:1", namespace=ns), ["solver"]))
+    assert not any(p in result.stdout + result.stderr for p in json.loads(  # where they are, never the passwords
+        (Path(secured.data_dir) / "secure" / "credentials.json").read_text())["passwords"].values())
+    worker = settings_of(secured, "worker", ns)
+    assert _produce(worker, "trajectories") is None
+    err = _produce(worker, "tasks")  # only the feeder writes tasks
     assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, err
 
 
