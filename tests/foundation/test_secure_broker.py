@@ -311,3 +311,13 @@ def test_a_recipe_trains_end_to_end_on_the_secured_broker_with_one_principal_per
     denied = [line for line in (run_dir / "broker" / "logs" / "kafka.log").read_text().splitlines()
               if "is Denied operation" in line]
     assert denied == [], denied[:5]
+    # the directory resumes secured only: its broker, users, ACLs and run secrets are kept
+    plain = start_run(recipe, run_dir, subprocess_env(), "--max-steps", "8")
+    assert plain.wait(120) != 0 and "holds a secured broker" in finish(plain, 10)
+    again = start_run(recipe, run_dir, subprocess_env(), "--max-steps", "8", "--secure")
+    out = finish(again, 900)
+    assert again.returncode == 0, out[-5000:]
+    assert "resuming arithmetic" in out and "every trainer reached 8 steps" in out
+    # events signed before the restart still verify: only the forged one is refused again
+    assert "mac: does not match" not in (run_dir / "logs" / "worker-0.log").read_text()
+    assert processes_of(run_dir) == []
