@@ -132,8 +132,9 @@ def _wait_visible(admin: Any, wanted: set[Any], timeout: float) -> None:
         ResourceType,
     )
 
-    every = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY,
-                             AclPermissionType.ANY)
+    # None matches any name, principal and host (the stubs say str)
+    every = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None,  # type: ignore[arg-type]
+                             AclOperation.ANY, AclPermissionType.ANY)
     deadline = time.monotonic() + timeout
     missing = wanted
     while time.monotonic() < deadline:

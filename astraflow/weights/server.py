@@ -158,11 +158,12 @@ class WeightServer:
     def __init__(self, root: str | Path, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
                  advertise_host: str | None = None, tls_cert: str | Path | None = None) -> None:
         tls_cert = tls_cert or os.environ.get(TLS_CERT_ENV) or None
+        self._server: _Server
         if tls_cert:
-            self._server: _Server = _TLSServer((host, port), _Handler)
-            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            ctx.load_cert_chain(str(tls_cert))
-            self._server.tls = ctx  # type: ignore[attr-defined]
+            tls = _TLSServer((host, port), _Handler)
+            tls.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            tls.tls.load_cert_chain(str(tls_cert))
+            self._server = tls
         else:
             self._server = _Server((host, port), _Handler)
         self._server.root = Path(root).resolve()
