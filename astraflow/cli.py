@@ -61,6 +61,8 @@ def broker_start(
     nodes: Annotated[int, typer.Option(help="KRaft nodes (combined broker+controller, a quorum of all): 3 makes a "
                                             "local cluster that survives one node's death (default data dir "
                                             "$ASTRAFLOW_HOME/cluster; --port is the first node's).")] = 1,
+    secure: Annotated[bool, typer.Option("--secure", help="SASL_SSL (SCRAM-SHA-512) with a CA it makes, one user "
+                                         "per component kind, ACLs enforced; credentials in DATA_DIR/secure.")] = False,
 ) -> None:
     """Start the broker (or report the one already running) and print its bootstrap address."""
     from astraflow import broker
@@ -82,11 +84,17 @@ def broker_start(
     heap = heap or "512m"
     try:
         state = broker.start(port=port, data_dir=data_dir, heap=heap, timeout=timeout,
-                             progress=lambda m: console.print(m, highlight=False))
+                             progress=lambda m: console.print(m, highlight=False), secured=secure)
     except AstraFlowError as exc:
         raise fail(str(exc)) from None
     console.print(f"Kafka {broker.kafka_version()} is up (PID {state.pid}); log: {state.log_file}", highlight=False)
-    console.print(f"use it with: export ASTRAFLOW_BOOTSTRAP={state.bootstrap}", highlight=False)
+    if state.secure:
+        sdir = Path(state.data_dir) / "secure"
+        console.print(f"SASL_SSL (SCRAM-SHA-512) only; CA {sdir / 'ca.pem'}; users and passwords (mode 0600) in "
+                      f"{sdir / 'credentials.json'}; ACLs deny everything not granted "
+                      f"(`astraflow run --secure` grants each component its own)", highlight=False)
+    else:
+        console.print(f"use it with: export ASTRAFLOW_BOOTSTRAP={state.bootstrap}", highlight=False)
     out.print(state.bootstrap, highlight=False)
 
 
@@ -150,6 +158,43 @@ def _cluster_dir(data_dir: Path | None) -> Path | None:
     if broker.local_bootstrap() is None and cluster.is_cluster(cluster.default_cluster_dir()):
         return cluster.default_cluster_dir()
     return None
+
+
+@broker_app.command("grant")
+def broker_grant(
+    recipe: Annotated[Path, typer.Option("--recipe", "-r", help="Recipe YAML (policies, group names, namespace).")],
+    data_dir: DataDir = None,
+) -> None:
+    """On a broker started with --secure: create the recipe's topics and grant each component kind
+    (trainer, streams, worker, feeder) its least-privilege ACLs, as the admin principal. For
+    components started by hand; `astraflow run --secure` does this itself."""
+    from astraflow import broker, topics
+    from astraflow.broker import acls, secure
+    from astraflow.config import load_recipe
+    from astraflow.kafka import make_admin
+
+    data_dir = (data_dir or broker.default_data_dir()).expanduser().resolve()
+    try:
+        state, answering = broker.status(data_dir)
+        if state is None or not answering or not state.secure:
+            raise fail(f"no secured broker answers in {data_dir} (start one with `astraflow broker start --secure`)")
+        loaded = load_recipe(recipe)
+        environ = secure.credentials(data_dir, "admin").env(state.bootstrap)
+        if os.environ.get("ASTRAFLOW_NAMESPACE"):
+            environ["ASTRAFLOW_NAMESPACE"] = os.environ["ASTRAFLOW_NAMESPACE"]
+        settings = KafkaSettings.from_env(loaded.kafka, environ=environ)
+        admin = make_admin(settings)
+        topics.apply(admin, topics.expand(topics.load_spec(), loaded.policy_names, settings))
+        grants = acls.plan(settings, loaded.policy_names, loaded.streams.app_id, loaded.worker.group)
+        acls.apply(admin, grants)
+    except AstraFlowError as exc:
+        raise fail(str(exc)) from None
+    sdir = data_dir / secure.SECURE_DIR
+    console.print(f"{len(grants)} ACLs granted in namespace {settings.namespace!r} on {state.bootstrap}. "
+                  f"A component of kind K connects with ASTRAFLOW_SECURITY_PROTOCOL=SASL_SSL "
+                  f"ASTRAFLOW_SASL_USERNAME=K, ASTRAFLOW_SASL_PASSWORD from {sdir / secure.CREDENTIALS} and "
+                  f"ASTRAFLOW_SSL_CA_LOCATION={sdir / 'ca.pem'}", highlight=False)
+    out.print(str(len(grants)))
 
 
 @broker_app.command("fetch")

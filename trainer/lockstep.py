@@ -16,6 +16,7 @@ from astraflow.config.kafka import KafkaSettings
 from astraflow.errors import RecordError
 from astraflow.kafka import consumer_config
 from astraflow.records import WeightVersion, decode
+from astraflow.weights.auth import verify
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class PolicyVersions:
             if msg.error() is not None:
                 continue
             try:
-                event = decode(msg.value() or b"", WeightVersion)
+                event = verify(decode(msg.value() or b"", WeightVersion))
             except RecordError as exc:  # the weights topic is the trainers' own: log, do not stop
                 log.warning("unreadable weights event at %s[%d]@%d: %s", msg.topic(), msg.partition(),
                             msg.offset(), exc)

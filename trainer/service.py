@@ -52,6 +52,7 @@ from astraflow.models import init_checkpoint, load_model, load_tokenizer
 from astraflow.records import Sample, WeightVersion
 from astraflow.sampling import SamplingSettings
 from astraflow.weights import WeightServer, WeightStore
+from astraflow.weights.auth import sign
 from trainer import checkpoint as ckpt
 from trainer import distributed, retention
 from trainer.background import BackgroundJob
@@ -337,13 +338,13 @@ class Trainer:
     def _write_version(self, snap: ckpt.Snapshot, version: int) -> None:
         event = self.store.publish(snap.model_state, version, step=snap.step)
         self._write_checkpoint(snap)
-        self.publisher.send("weights", self._progress(event, snap), key=self.policy)
+        self.publisher.send("weights", sign(self._progress(event, snap)), key=self.policy)
         self.publisher.flush()
         log.info("%s: published version %d at step %d", self.policy, version, snap.step)
 
     def _announce(self) -> None:
         self.publications.join()  # the store must hold the current version before it is announced again
-        self.publisher.send("weights", self._progress(self.store.event(self.version)), key=self.policy)
+        self.publisher.send("weights", sign(self._progress(self.store.event(self.version))), key=self.policy)
         self.publisher.flush()
 
     def _progress(self, event: WeightVersion, snap: ckpt.Snapshot | None = None) -> WeightVersion:

@@ -40,6 +40,7 @@ from astraflow.errors import AstraFlowError, ConfigError
 from astraflow.kafka import DeadLetters, Publisher, consumer_config
 from astraflow.metrics import MetricsReporter
 from astraflow.records import RecordError, Task, TaskStats, WeightVersion, decode
+from astraflow.weights.auth import verify
 from workers.feeder_state import StatsCache, published_since
 from workers.follower import high_watermarks
 from workers.registry import environment_class, workflow_class
@@ -155,6 +156,8 @@ class Feeder:
                 continue
             try:
                 rec = decode(msg.value() or b"")
+                if isinstance(rec, WeightVersion):
+                    verify(rec)  # a forged event must not open the admission window
             except RecordError as exc:
                 self.dead.publish_message(msg, str(exc))
                 self.counts["deadletters"] += 1

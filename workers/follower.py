@@ -23,6 +23,7 @@ from astraflow.config import KafkaSettings
 from astraflow.errors import AstraFlowError
 from astraflow.kafka import DeadLetters, consumer_config
 from astraflow.records import RecordError, WeightVersion, decode
+from astraflow.weights.auth import verify
 from workers.engines.base import Engine
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ class WeightFollower:
 
     def _decode(self, msg: Any) -> WeightVersion | None:
         try:
-            return decode(msg.value() or b"", WeightVersion)
+            return verify(decode(msg.value() or b"", WeightVersion))  # a forged event is dead-lettered
         except RecordError as exc:
             self.dead.publish_message(msg, str(exc))
             return None

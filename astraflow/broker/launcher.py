@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from astraflow.broker import secure
 from astraflow.errors import BrokerError
 
 HERE = Path(__file__).resolve().parent
@@ -132,6 +133,8 @@ class BrokerState:
     log_file: str
     cluster_id: str
     started_at: float
+    secure: bool = False
+    """SASL_SSL with SCRAM-SHA-512 and ACLs (`start(secure=True)`); credentials in `secure/`."""
 
     @classmethod
     def load(cls, data_dir: Path) -> BrokerState | None:
@@ -192,10 +195,12 @@ def log_tail(path: Path, lines: int = 30) -> str:
 
 
 def _server_properties(data_dir: Path, port: int, controller_port: int, node_id: int = 1,
-                       voters: str | None = None, replicas: int = 1) -> str:
+                       voters: str | None = None, replicas: int = 1,
+                       passwords: dict[str, str] | None = None) -> str:
     """A combined broker+controller node. One node by default; a cluster (astraflow/broker/cluster.py)
     passes each node its id, the static voter set of every node, and `replicas` for the internal
-    topics (consumer offsets, transactions, share groups), kept at min ISR replicas - 1."""
+    topics (consumer offsets, transactions, share groups), kept at min ISR replicas - 1. With
+    `passwords` (secure mode, one node) the SASL_SSL listener, TLS and ACLs too."""
     min_isr = str(max(1, replicas - 1))
     props = {
         "process.roles": "broker,controller",
@@ -229,14 +234,18 @@ def _server_properties(data_dir: Path, port: int, controller_port: int, node_id:
         "num.network.threads": "2",
         "num.io.threads": "4",
     }
+    if passwords is not None:
+        props.update(secure.server_properties(data_dir, port, controller_port, passwords))
     return "".join(f"{k}={v}\n" for k, v in props.items())
 
 
-def _ready(bootstrap: str, timeout: float) -> bool:
+def _ready(bootstrap: str, timeout: float, data_dir: Path | None = None, is_secure: bool = False) -> bool:
     from confluent_kafka.admin import AdminClient
 
     conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000, "log_level": 0,
                             "logger": _SilentLogger()}
+    if is_secure and data_dir is not None:
+        conf.update(secure_client_config(data_dir, "admin"))
     admin = AdminClient(conf)
     try:
         md = admin.list_topics(timeout=timeout)
@@ -255,16 +264,32 @@ class _SilentLogger:
         return self.log
 
 
+def secure_client_config(data_dir: Path, kind: str) -> dict[str, Any]:
+    """librdkafka security settings of component kind `kind` for the secured broker of `data_dir`."""
+    creds = secure.credentials(data_dir, kind)
+    return {"security.protocol": "SASL_SSL", "sasl.mechanisms": secure.MECHANISM, "sasl.username": creds.username,
+            "sasl.password": creds.password, "ssl.ca.location": creds.ca_location,
+            "ssl.endpoint.identification.algorithm": "https"}
+
+
 def start(port: int = 9092, data_dir: Path | None = None, heap: str = "512m", timeout: float = 180.0,
-          progress: Callable[[str], None] = lambda _: None, die_with_parent: bool = False) -> BrokerState:
+          progress: Callable[[str], None] = lambda _: None, die_with_parent: bool = False,
+          secured: bool = False) -> BrokerState:
     """Start a broker (or return the one already running in `data_dir`). `port=0` picks a free port.
-    With `die_with_parent`, the JVM gets SIGTERM if the calling process dies (`astraflow run`)."""
+    With `die_with_parent`, the JVM gets SIGTERM if the calling process dies (`astraflow run`).
+    With `secured`, the client listener is SASL_SSL (SCRAM-SHA-512) and ACLs are enforced; the CA,
+    certificates and credentials are made in `data_dir/secure` (see `astraflow.broker.secure`). A data
+    directory formatted one way cannot be started the other way."""
     data_dir = (data_dir or default_data_dir()).expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     with _file_lock(data_dir / ".lock"):
         state = BrokerState.load(data_dir)
+        was_secure = (secure.secure_dir(data_dir) / secure.CREDENTIALS).exists()
+        if (data_dir / "data" / "meta.properties").exists() and was_secure != secured:
+            raise BrokerError(f"{data_dir} holds a {'secured' if was_secure else 'PLAINTEXT'} broker; start it "
+                              f"{'with' if was_secure else 'without'} --secure, or use another data directory")
         if state and _is_our_jvm(state.pid, data_dir):
-            if _ready(state.bootstrap, 10):
+            if _ready(state.bootstrap, 10, data_dir, state.secure):
                 return state
             raise BrokerError(f"a broker (PID {state.pid}) runs in {data_dir} but does not answer on "
                               f"{state.bootstrap}; see {state.log_file} or run `astraflow broker stop`")
@@ -280,9 +305,14 @@ def start(port: int = 9092, data_dir: Path | None = None, heap: str = "512m", ti
             controller_port = free_port()
         logs = data_dir / "logs"
         logs.mkdir(exist_ok=True)
+        passwords = None
+        if secured:
+            secure.make_certificates(secure.secure_dir(data_dir))
+            passwords = secure.ensure_credentials(data_dir)
         props = data_dir / "server.properties"
-        props.write_text(_server_properties(data_dir, port, controller_port))
-        cluster_id = _format_storage(java, libs, data_dir, props, state)
+        # it holds the broker user's password in its JAAS config
+        secure._write_private(props, _server_properties(data_dir, port, controller_port, passwords=passwords))
+        cluster_id = _format_storage(java, libs, data_dir, props, state, passwords=passwords)
         log_file = logs / "kafka.log"
         cmd = [java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
                "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile=file:{LOG4J}",
@@ -295,7 +325,7 @@ def start(port: int = 9092, data_dir: Path | None = None, heap: str = "512m", ti
                                     preexec_fn=die_with_parent_signal if die_with_parent else None)
         state = BrokerState(pid=proc.pid, port=port, controller_port=controller_port,
                             bootstrap=f"127.0.0.1:{port}", data_dir=str(data_dir), log_file=str(log_file),
-                            cluster_id=cluster_id, started_at=started)
+                            cluster_id=cluster_id, started_at=started, secure=secured)
         state.save()
         (data_dir / "broker.pid").write_text(str(proc.pid))
         progress(f"started Kafka {kafka_version()} (PID {proc.pid}), waiting for {state.bootstrap}; log: {log_file}")
@@ -305,7 +335,7 @@ def start(port: int = 9092, data_dir: Path | None = None, heap: str = "512m", ti
             if code is not None:
                 raise BrokerError(f"the Kafka JVM exited with status {code} during start-up. Log: {log_file}\n"
                                   f"{log_tail(log_file)}\n{log_tail(logs / 'kafka.out', 10)}")
-            if _ready(state.bootstrap, 2):
+            if _ready(state.bootstrap, 2, data_dir, secured):
                 return state
             time.sleep(0.3)
         _terminate(proc.pid, data_dir, 10)
@@ -329,8 +359,9 @@ def new_cluster_id() -> str:
 
 
 def _format_storage(java: str, libs: Path, data_dir: Path, props: Path, state: BrokerState | None,
-                    cluster_id: str | None = None) -> str:
-    """Format `data_dir/data` once (with `cluster_id`, or a new one); returns the id it holds."""
+                    cluster_id: str | None = None, passwords: dict[str, str] | None = None) -> str:
+    """Format `data_dir/data` once (with `cluster_id`, or a new one; with `passwords`, the SCRAM
+    users of secure mode); returns the id it holds."""
     meta = data_dir / "data" / "meta.properties"
     if meta.exists():
         match = re.search(r"cluster\.id=(\S+)", meta.read_text())
@@ -339,7 +370,7 @@ def _format_storage(java: str, libs: Path, data_dir: Path, props: Path, state: B
     cluster_id = cluster_id or new_cluster_id()
     cmd = [java, "-Xmx256m", f"-Dlog4j2.configurationFile=file:{LOG4J}", f"-Dkafka.logs.dir={data_dir / 'logs'}",
            "-cp", f"{libs}/*", "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props),
-           "--ignore-formatted"]
+           "--ignore-formatted", *(secure.scram_format_args(passwords) if passwords else [])]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise BrokerError(f"formatting Kafka storage in {data_dir / 'data'} failed:\n"
@@ -396,7 +427,7 @@ def status(data_dir: Path | None = None) -> tuple[BrokerState | None, bool]:
     state = BrokerState.load(data_dir)
     if state is None or not _is_our_jvm(state.pid, data_dir):
         return None, False
-    return state, _ready(state.bootstrap, 5)
+    return state, _ready(state.bootstrap, 5, data_dir, state.secure)
 
 
 def local_bootstrap(data_dir: Path | None = None) -> str | None:

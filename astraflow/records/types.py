@@ -256,6 +256,9 @@ class WeightVersion(Record):
     groups_consumed: int = wire(Int(min=0), default=0)
     """Groups the trainer has taken from its samples topic so far (trained, or discarded as stale):
     the feeder's admission control counts them as consumed."""
+    mac: str | None = wire(Optional(SHA256), default=None)
+    """HMAC-SHA256 of the rest of the event under the run's secret (astraflow.weights.auth), so a
+    reader can tell the trainer's events from forged ones; None where the run has no secret."""
 
     def _check(self, known_policies: frozenset[str] | None) -> None:
         _check_policy("policy", self.policy, known_policies)

@@ -19,6 +19,9 @@ def register(app: typer.Typer) -> None:
         workers: Annotated[int | None, typer.Option(help="Rollout workers (default: worker.count).")] = None,
         dashboard: Annotated[bool, typer.Option("--dashboard/--no-dashboard",
                                                 help="Live dashboard (default: on a terminal).")] = None,  # type: ignore[assignment]
+        secure: Annotated[bool, typer.Option("--secure", help="Run on a secured local broker: SASL_SSL with "
+                                             "SCRAM-SHA-512, one principal per component kind, least-privilege "
+                                             "ACLs.")] = False,
     ) -> None:
         """Run a recipe end to end: broker, topics, trainers, streams, workers and feeder."""
         import sys
@@ -27,7 +30,7 @@ def register(app: typer.Typer) -> None:
 
         show = sys.stderr.isatty() if dashboard is None else dashboard
         summary = Run(recipe, RunOptions(max_steps=max_steps, max_minutes=max_minutes, run_dir=run_dir,
-                                         dashboard=show, workers=workers)).execute()
+                                         dashboard=show, workers=workers, secure=secure)).execute()
         if summary.get("failed"):
             raise typer.Exit(1)
 

@@ -28,7 +28,9 @@ from rich.console import Console
 from rich.live import Live
 
 from astraflow import broker, topics
+from astraflow.broker import acls, secure
 from astraflow.config import KafkaSettings, Recipe, load_recipe
+from astraflow.errors import ConfigError
 from astraflow.kafka import make_admin
 from astraflow.runner.advice import advise, measure, rows_from_history
 from astraflow.runner.collector import Collector
@@ -36,6 +38,9 @@ from astraflow.runner.dashboard import render
 from astraflow.runner.report import summary_text, write_report
 from astraflow.runner.stall import StallDetector, observe
 from astraflow.runner.supervisor import Component, Supervisor
+from astraflow.weights.auth import SECRET_ENV
+from astraflow.weights.server import TLS_CERT_ENV
+from astraflow.weights.transport import CA_ENV, TOKEN_ENV
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +56,9 @@ class RunOptions:
     dashboard: bool = True
     workers: int | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    secure: bool = False
+    """Start the local broker secured (SASL_SSL, SCRAM-SHA-512, ACLs) and give each component kind its
+    own principal: see astraflow.broker.secure and astraflow.broker.acls."""
 
 
 def run_dir_of(recipe: Recipe, override: Path | None = None) -> Path:
@@ -78,6 +86,14 @@ def components(recipe: Recipe, recipe_path: Path, run_dir: Path, opts: RunOption
     for c in out:
         c.env.update(threads)
     return out
+
+
+def component_kind(name: str) -> str:
+    """The principal of a component (`trainer-solver` -> `trainer`, `worker-3` -> `worker`)."""
+    kind = name.split("-", 1)[0]
+    if kind not in secure.KINDS:
+        raise ConfigError(f"component {name!r} has no principal of its own (known: {', '.join(secure.KINDS)})")
+    return kind
 
 
 def torch_threads(torch_processes: int) -> dict[str, str]:
@@ -119,6 +135,8 @@ class Run:
 
     def _kafka(self) -> KafkaSettings:
         settings = KafkaSettings.from_env(self.recipe.kafka)
+        if self.opts.secure:
+            return self._secure_kafka(settings)
         if settings.bootstrap:
             if settings.namespace is None:  # a shared cluster: keep this run's topics apart
                 settings = settings.model_copy(update={"namespace": self.recipe.name})
@@ -128,6 +146,43 @@ class Run:
         self.started_broker = True
         self.event(f"local Kafka {broker.kafka_version()} at {state.bootstrap} (data {self.run_dir / 'broker'})")
         return settings.model_copy(update={"bootstrap": state.bootstrap})
+
+    def _secure_kafka(self, settings: KafkaSettings) -> KafkaSettings:
+        """The run's own secured broker; this process connects as its `admin` super user."""
+        if settings.bootstrap:
+            raise ConfigError(f"--secure starts a secured local broker, but a bootstrap is configured "
+                              f"({settings.bootstrap}); for a secured cluster of your own, set its ASTRAFLOW_SASL_* "
+                              f"and ASTRAFLOW_SSL_* variables instead of --secure")
+        data_dir = self.run_dir / "broker"
+        state = broker.start(port=0, data_dir=data_dir, progress=self.event, die_with_parent=True, secured=True)
+        self.started_broker = True
+        self.event(f"local Kafka {broker.kafka_version()} at {state.bootstrap}, SASL_SSL (SCRAM-SHA-512) with ACLs "
+                   f"(credentials in {data_dir / 'secure'})")
+        env = secure.credentials(data_dir, "admin").env(state.bootstrap)
+        return KafkaSettings.from_env(settings, environ=env)
+
+    def _grant(self, settings: KafkaSettings, comps: list[Component]) -> None:
+        """Least-privilege ACLs for this run's namespace and policies, each component's own principal
+        in its environment (it never sees another kind's password), and a weight-server token for
+        the trainers and workers."""
+        grants = acls.plan(settings, self.recipe.policy_names, self.recipe.streams.app_id, self.recipe.worker.group)
+        acls.apply(self.admin, grants)
+        self.event(f"ACLs: {len(grants)} grants for trainer, streams, worker and feeder")
+        data_dir = self.run_dir / "broker"
+        bootstrap = settings.require_bootstrap()
+        kept = secure.run_secrets(data_dir)  # the same on a resume: events already on `weights` stay valid
+        token = kept["weights_token"]  # the weight server's: trainers serve, workers read
+        mac_key = kept["weights_mac_key"]  # WeightVersion HMACs: trainers sign, workers and the feeder verify
+        for c in comps:
+            kind = component_kind(c.name)
+            c.env.update(secure.credentials(data_dir, kind).env(bootstrap))
+            if kind in ("trainer", "worker"):  # weights over https with the token, checked against the CA
+                c.env[TOKEN_ENV] = token
+                c.env[CA_ENV] = str(secure.secure_dir(data_dir) / "ca.pem")
+            if kind == "trainer":
+                c.env[TLS_CERT_ENV] = str(secure.secure_dir(data_dir) / "weights.pem")
+            if kind in ("trainer", "worker", "feeder"):
+                c.env[SECRET_ENV] = mac_key
 
     def _handle_signal(self, signum: int, _frame: Any) -> None:
         self._signals += 1
@@ -154,7 +209,10 @@ class Run:
             if settings.namespace:
                 env["ASTRAFLOW_NAMESPACE"] = settings.namespace
             sup = Supervisor(self.run_dir, env, on_event=self.event)
-            for c in components(self.recipe, self.recipe_path, self.run_dir, self.opts):
+            comps = components(self.recipe, self.recipe_path, self.run_dir, self.opts)
+            if self.opts.secure:
+                self._grant(settings, comps)
+            for c in comps:
                 sup.add(c)
             collector = Collector(settings, jsonl=self.run_dir / "metrics.jsonl",
                                   streams_group=self.recipe.streams.app_id,

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.panel import Panel
 
 from astraflow import broker
+from astraflow.broker import secure
 from astraflow.config import KafkaSettings, load_recipe
 from astraflow.errors import ConfigError
 from astraflow.kafka import resolve
@@ -29,6 +30,9 @@ def show_status(recipe_path: Path | None, bootstrap: str | None, run_dir: Path |
         found = broker.local_bootstrap(rd / "broker")
         if found and not KafkaSettings.from_env(base).bootstrap:
             base = base.model_copy(update={"bootstrap": found})
+            state = broker.BrokerState.load(rd / "broker")
+            if state is not None and state.secure:  # `run --secure`: read as its admin principal
+                base = KafkaSettings.from_env(base, environ=secure.credentials(rd / "broker", "admin").env(found))
     settings = resolve(base)
     if recipe is not None and settings.namespace is None and (bootstrap or recipe.kafka.bootstrap):
         settings = settings.model_copy(update={"namespace": recipe.name})

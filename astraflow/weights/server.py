@@ -4,22 +4,32 @@ regions (without the shared filesystem) fetch snapshots and deltas with resumabl
 Read-only, files under the root only (no listings, no `..`), single byte ranges (`bytes=a-b`,
 `bytes=a-`, `bytes=-n`) answered with 206 and Content-Range. Integrity does not depend on the
 transport: readers check every file against the sha256 carried by the (authenticated) Kafka
-event. Confidentiality does: an optional bearer token keeps casual readers out; put TLS in front
-for untrusted networks.
+event. Confidentiality does: a bearer token keeps casual readers out. The token is the one the
+readers send, ASTRAFLOW_WEIGHTS_TOKEN, unless given explicitly; `astraflow run --secure` sets it
+for the trainers and workers only. With a certificate (`tls_cert`, or ASTRAFLOW_WEIGHTS_TLS_CERT: one
+PEM holding the key and the chain) it serves https://, so the token and the weights do not cross the
+network in the clear; readers check it against ASTRAFLOW_WEIGHTS_CA. `astraflow run --secure` makes
+such a certificate with the broker's CA.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
+import os
 import re
+import ssl
+import sys
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
+
+from astraflow.weights.transport import TOKEN_ENV
 
 log = logging.getLogger(__name__)
+TLS_CERT_ENV = "ASTRAFLOW_WEIGHTS_TLS_CERT"
 RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 
@@ -130,17 +140,38 @@ class _Server(ThreadingHTTPServer):
             self.sent += sent
 
 
+class _TLSServer(_Server):
+    tls: ssl.SSLContext
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        # the handshake runs here, in the request's own thread, so a slow client never stalls accept()
+        with self.tls.wrap_socket(request, server_side=True) as conn:
+            super().finish_request(conn, client_address)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.info("weight server: connection from %s failed: %s", client_address, sys.exc_info()[1])
+
+
 class WeightServer:
-    """Serves a store root over HTTP in a background thread. `url` is what events advertise."""
+    """Serves a store root over HTTP(S) in a background thread. `url` is what events advertise."""
 
     def __init__(self, root: str | Path, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                 advertise_host: str | None = None) -> None:
-        self._server = _Server((host, port), _Handler)
+                 advertise_host: str | None = None, tls_cert: str | Path | None = None) -> None:
+        tls_cert = tls_cert or os.environ.get(TLS_CERT_ENV) or None
+        self._server: _Server
+        if tls_cert:
+            tls = _TLSServer((host, port), _Handler)
+            tls.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            tls.tls.load_cert_chain(str(tls_cert))
+            self._server = tls
+        else:
+            self._server = _Server((host, port), _Handler)
         self._server.root = Path(root).resolve()
-        self._server.token = token
+        # the same variable the readers send (transport.TOKEN_ENV), so a run sets one secret for both
+        self._server.token = token if token is not None else (os.environ.get(TOKEN_ENV) or None)
         self._server.cut_after = None
         self.port = self._server.server_address[1]
-        self.url = f"http://{advertise_host or host}:{self.port}/"
+        self.url = f"{'https' if tls_cert else 'http'}://{advertise_host or host}:{self.port}/"
         self._thread = threading.Thread(target=self._server.serve_forever, name="weight-server", daemon=True)
 
     def start(self) -> WeightServer:

@@ -19,6 +19,7 @@ import http.client
 import io
 import logging
 import os
+import ssl
 import stat
 import time
 import urllib.error
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 
 #: Optional bearer token sent to (and required by) the trainer's weight server.
 TOKEN_ENV = "ASTRAFLOW_WEIGHTS_TOKEN"
+#: CA bundle that https:// weight servers are checked against (default: the system's).
+CA_ENV = "ASTRAFLOW_WEIGHTS_CA"
 CHUNK = 1 << 20
 #: The most bytes read for a file whose size no event names (an older delta of a chain).
 MAX_UNSIZED_BYTES = 64 << 30
@@ -162,7 +165,8 @@ def _download(uri: str, fh: BinaryIO, attempts: int, timeout: float, cap: int = 
         if token:
             headers["Authorization"] = f"Bearer {token}"
         try:
-            with urllib.request.urlopen(urllib.request.Request(uri, headers=headers), timeout=timeout) as resp:
+            with urllib.request.urlopen(urllib.request.Request(uri, headers=headers), timeout=timeout,
+                                        context=_tls_context(uri)) as resp:
                 expected = _body_length(resp, have)
                 if resp.status == 200 and have:  # the server ignored the range: start over
                     fh.seek(0)
@@ -199,6 +203,13 @@ def _download(uri: str, fh: BinaryIO, attempts: int, timeout: float, cap: int = 
         fh.flush()
         log.info("weight download of %s broke off at %d bytes (%s); resuming", uri, have, last)
     raise WeightStoreError(f"{uri}: download failed after {attempts} attempts: {last}")
+
+
+def _tls_context(uri: str) -> ssl.SSLContext | None:
+    """For https://: certificate and host name checked against ASTRAFLOW_WEIGHTS_CA (or the system's CAs)."""
+    if not uri.startswith("https://"):
+        return None
+    return ssl.create_default_context(cafile=os.environ.get(CA_ENV) or None)
 
 
 def _body_length(resp: http.client.HTTPResponse, have: int) -> int | None:

@@ -50,6 +50,41 @@ def test_a_token_guards_the_server(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         assert transport.read_verified(server.url + "f.bin", sha) == b"weights"
 
 
+def test_the_server_requires_the_token_the_readers_are_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `astraflow run --secure` hands one ASTRAFLOW_WEIGHTS_TOKEN to trainers (server) and workers (readers)
+    (tmp_path / "f.bin").write_bytes(b"weights")
+    sha = transport.sha256_of(b"weights")
+    monkeypatch.setenv(transport.TOKEN_ENV, "run-secret")
+    with WeightServer(tmp_path) as server:
+        assert _get(server.url + "f.bin")[0] == 401
+        assert _get(server.url + "f.bin", {"Authorization": "Bearer guess"})[0] == 401
+        assert transport.read_verified(server.url + "f.bin", sha) == b"weights"
+        monkeypatch.delenv(transport.TOKEN_ENV)
+        with pytest.raises(AstraFlowError, match="HTTP 401"):
+            transport.read_verified(server.url + "f.bin", sha)
+
+
+def test_https_with_a_certificate_of_the_run_ca(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from astraflow.broker import secure
+
+    secure.make_certificates(tmp_path / "secure")  # what `astraflow run --secure` makes
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "f.bin").write_bytes(b"weights")
+    sha = transport.sha256_of(b"weights")
+    monkeypatch.setenv("ASTRAFLOW_WEIGHTS_TLS_CERT", str(tmp_path / "secure" / "weights.pem"))
+    with WeightServer(tmp_path / "root", token="t") as server:
+        assert server.url.startswith("https://127.0.0.1:")
+        monkeypatch.setenv(transport.TOKEN_ENV, "t")
+        # without the run's CA the server's certificate is not trusted
+        with pytest.raises(AstraFlowError, match="CERTIFICATE_VERIFY_FAILED"):
+            transport.read_verified(server.url + "f.bin", sha)
+        monkeypatch.setenv(transport.CA_ENV, str(tmp_path / "secure" / "ca.pem"))
+        assert transport.read_verified(server.url + "f.bin", sha) == b"weights"
+        # plain http to the TLS port gets no weights
+        with pytest.raises(AstraFlowError, match="download failed"):
+            transport.read_verified(server.url.replace("https://", "http://") + "f.bin", sha)
+
+
 @pytest.mark.parametrize("cache", [False, True])
 def test_weights_over_http_resume_broken_transfers(tmp_path: Path, cache: bool) -> None:
     model, gen = tiny_model(), torch.Generator().manual_seed(6)

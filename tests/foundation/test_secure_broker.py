@@ -1,0 +1,323 @@
+"""`astraflow broker start --secure` against a real broker of its own: SASL_SSL with SCRAM-SHA-512,
+a CA it made, ACLs per component kind. Clients without credentials, with a wrong password, or
+reaching past their principal's ACLs are refused, each with its specific error."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from astraflow import topics as topic_spec
+from astraflow.broker import acls, launcher, secure
+from astraflow.config import KafkaSettings
+from astraflow.kafka import client_config, make_admin, read_to_end
+from tests.conftest import REPO, subprocess_env
+from tests.e2e.helpers import finish, processes_of, recipe_copy, start_run, summary, trainer_steps, wait_for
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+POLICIES = ["solver"]
+
+
+class _Quiet:
+    """Collects librdkafka log lines instead of printing them (refusals are noisy by design)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def log(self, *args: object, **kwargs: object) -> None:
+        self.lines.append(" ".join(str(a) for a in args))
+
+    def __getattr__(self, name: str) -> Any:
+        return self.log
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[launcher.BrokerState]:
+    data_dir = tmp_path_factory.mktemp("secure-kafka")
+    state = launcher.start(port=0, data_dir=data_dir, secured=True)
+    try:
+        yield state
+    finally:
+        launcher.stop(data_dir)
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def settings_of(state: launcher.BrokerState, kind: str, namespace: str | None = None) -> KafkaSettings:
+    env = secure.credentials(Path(state.data_dir), kind).env(state.bootstrap)
+    if namespace:
+        env["ASTRAFLOW_NAMESPACE"] = namespace
+    return KafkaSettings.from_env(environ=env)
+
+
+@pytest.fixture(scope="module")
+def namespace(secured: launcher.BrokerState) -> str:
+    """A namespace with the topics of topics.yaml and the ACLs of every component kind."""
+    ns = f"s{uuid.uuid4().hex[:8]}"
+    admin_settings = settings_of(secured, "admin", ns)
+    admin = make_admin(admin_settings)
+    topic_spec.apply(admin, topic_spec.expand(topic_spec.load_spec(), POLICIES, admin_settings))
+    acls.apply(admin, acls.plan(admin_settings, POLICIES))
+    return ns
+
+
+def errors_of(conf: dict[str, Any], quiet: _Quiet | None = None) -> tuple[dict[str, Any], list[Any]]:
+    """`conf` with an error callback and a quiet logger; the list fills with the KafkaErrors seen
+    (served by the client's poll)."""
+    seen: list[Any] = []
+    return {**conf, "error_cb": seen.append, "logger": quiet or _Quiet(), "socket.timeout.ms": 3000}, seen
+
+
+def test_credentials_and_keys_are_private_and_the_listener_is_sasl_ssl_only(secured: launcher.BrokerState) -> None:
+    sdir = Path(secured.data_dir) / "secure"
+    for name in ("credentials.json", "ca.key", "broker.pem"):
+        assert stat.S_IMODE((sdir / name).stat().st_mode) == 0o600, name
+    assert stat.S_IMODE((Path(secured.data_dir) / "server.properties").stat().st_mode) == 0o600
+    props = (Path(secured.data_dir) / "server.properties").read_text()
+    assert f"advertised.listeners=SASL_SSL://127.0.0.1:{secured.port}\n" in props
+    assert "PLAINTEXT://" not in props.split("listeners=")[1].splitlines()[0]
+    assert "allow.everyone.if.no.acl.found=false" in props
+    passwords = {k: secure.credentials(Path(secured.data_dir), k).password for k in secure.KINDS}
+    assert len(set(passwords.values())) == len(secure.KINDS)  # one secret per principal
+
+
+def test_the_admin_principal_with_the_ca_gets_in(secured: launcher.BrokerState) -> None:
+    md = make_admin(settings_of(secured, "admin")).list_topics(timeout=30)
+    assert list(md.brokers) == [1]
+
+
+def test_a_client_without_credentials_is_refused(secured: launcher.BrokerState) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    # no TLS at all: the TLS listener hangs up on the first request; TLS with the right CA but no
+    # SASL: the handshake succeeds and the broker hangs up on the first unauthenticated request
+    for proto, why in (("PLAINTEXT", "connection closed by peer: receive 0 after POLLIN (after"),
+                       ("SSL", "SSL connection closed by peer")):
+        conf = {"bootstrap.servers": secured.bootstrap, "security.protocol": proto}
+        if proto == "SSL":
+            conf["ssl.ca.location"] = secure.credentials(Path(secured.data_dir), "admin").ca_location
+        quiet = _Quiet()
+        conf, seen = errors_of(conf, quiet)
+        admin = AdminClient(conf)
+        with pytest.raises(KafkaException) as info:
+            admin.list_topics(timeout=8)
+        assert info.value.args[0].code() == KafkaError._TRANSPORT, (proto, info.value)
+        admin.poll(1)
+        assert {e.code() for e in seen} == {KafkaError._ALL_BROKERS_DOWN}, (proto, seen)
+        assert any(why in line for line in quiet.lines), (proto, quiet.lines[:3])
+
+
+def test_a_wrong_password_is_refused_as_an_authentication_failure(secured: launcher.BrokerState) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    conf = client_config(settings_of(secured, "worker").model_copy(update={"sasl_password": "guess"}))
+    conf, seen = errors_of(conf)
+    admin = AdminClient(conf)
+    with pytest.raises(KafkaException):
+        admin.list_topics(timeout=8)
+    admin.poll(1)
+    auth = [e for e in seen if e.code() == KafkaError._AUTHENTICATION]
+    assert auth, seen
+    assert "invalid credentials with SASL mechanism SCRAM-SHA-512" in auth[0].str()
+
+
+def test_the_acl_plan_is_least_privilege() -> None:
+    grants = acls.plan(KafkaSettings(bootstrap="x:1", namespace="ns"), ["a", "b"])
+    by = {(g.principal, g.resource, g.name, g.operation) for g in grants}
+    # the worker reads tasks and writes trajectories; it never writes weights or reads samples
+    assert ("worker", "TOPIC", "ns.tasks", "READ") in by
+    assert ("worker", "TOPIC", "ns.trajectories", "WRITE") in by
+    assert not {x for x in by if x[0] == "worker" and x[2] in ("ns.weights", "ns.tasks") and x[3] == "WRITE"}
+    assert not {x for x in by if x[0] == "worker" and x[2].startswith("ns.samples.")}
+    # only the trainer writes weights; only the feeder writes tasks
+    assert {x[0] for x in by if x[2] == "ns.weights" and x[3] == "WRITE"} == {"trainer"}
+    assert {x[0] for x in by if x[2] == "ns.tasks" and x[3] == "WRITE"} == {"feeder"}
+    # prefixed grants only where names carry a random suffix or belong to Faust
+    prefixed = sorted((g.principal, g.name) for g in grants if g.pattern == "PREFIXED")
+    assert prefixed == [("feeder", "ns.feeder-reader-"), ("streams", "ns.streams-"),
+                        ("streams", "ns.streams-readback-"), ("trainer", "ns.trainer.a.lockstep."),
+                        ("trainer", "ns.trainer.b.lockstep."), ("worker", "ns.weights-reader-")]
+    assert all(g.name.startswith("ns.") for g in grants)  # nothing outside the namespace
+    assert "ALL" not in {g.operation for g in grants if g.principal != "streams"}
+
+
+def _produce(settings: KafkaSettings, topic: str) -> Any:
+    """Produce one keyed record (`weights` is compacted) to the base topic; the delivery error (None
+    if acknowledged)."""
+    from confluent_kafka import Producer
+
+    result: list[Any] = []
+    conf, _ = errors_of(client_config(settings))
+    producer = Producer({**conf, "enable.idempotence": True, "acks": "all", "message.timeout.ms": 15000})
+    producer.produce(settings.topic(topic), b"x", key=b"k", on_delivery=lambda err, _m: result.append(err))
+    producer.flush(30)
+    return result[0] if result else "no delivery report"
+
+
+def test_a_principal_may_write_its_own_topics_but_not_others(secured: launcher.BrokerState, namespace: str) -> None:
+    from confluent_kafka import KafkaError
+
+    worker = settings_of(secured, "worker", namespace)
+    assert _produce(worker, "trajectories") is None
+    err = _produce(worker, "weights")  # choosing the weights is the trainer's alone
+    assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, err
+    assert _produce(settings_of(secured, "trainer", namespace), "weights") is None
+
+
+def _consume_error(settings: KafkaSettings, group: str, topic: str) -> Any:
+    """The first error a consumer in `group` subscribed to `topic` gets (None if it is assigned)."""
+    from confluent_kafka import Consumer
+
+    conf, seen = errors_of(client_config(settings))
+    assigned = threading.Event()
+    consumer = Consumer({**conf, "group.id": settings.group(group), "auto.offset.reset": "earliest",
+                         "session.timeout.ms": 6000})
+    consumer.subscribe([settings.topic(topic)], on_assign=lambda _c, parts: parts and assigned.set())
+    try:
+        for _ in range(40):
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is not None:
+                return msg.error()
+            if seen:
+                return seen[0]
+            if assigned.is_set():
+                return None
+        return "neither an assignment nor an error"
+    finally:
+        consumer.close()
+
+
+def test_a_principal_may_not_read_a_topic_or_join_a_group_it_was_not_granted(
+        secured: launcher.BrokerState, namespace: str) -> None:
+    from confluent_kafka import KafkaError
+
+    worker = settings_of(secured, "worker", namespace)
+    assert _consume_error(worker, "workers", "tasks") is None  # its own group and topic
+    err = _consume_error(worker, "workers", "samples.solver")  # the trainer's input
+    assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, err
+    err = _consume_error(worker, "trainer.solver", "tasks")  # the trainer's group
+    assert err is not None and err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, err
+    # another namespace is another run: nothing granted there
+    other = settings_of(secured, "worker", namespace + "x")
+    err = _produce(other, "trajectories")
+    assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, err
+
+
+def test_broker_grant_gives_hand_started_components_their_acls(secured: launcher.BrokerState) -> None:
+    from confluent_kafka import KafkaError
+
+    ns = f"g{uuid.uuid4().hex[:8]}"
+    result = subprocess.run([sys.executable, "-m", "astraflow.cli", "broker", "grant", "--recipe",
+                             str(REPO / "recipes" / "arithmetic.yaml"), "--data-dir", secured.data_dir],
+                            env=subprocess_env(ASTRAFLOW_NAMESPACE=ns), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert int(result.stdout.strip()) == len(acls.plan(KafkaSettings(bootstrap="x:1", namespace=ns), ["solver"]))
+    assert not any(p in result.stdout + result.stderr for p in json.loads(  # where they are, never the passwords
+        (Path(secured.data_dir) / "secure" / "credentials.json").read_text())["passwords"].values())
+    worker = settings_of(secured, "worker", ns)
+    assert _produce(worker, "trajectories") is None
+    err = _produce(worker, "tasks")  # only the feeder writes tasks
+    assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, err
+
+
+TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def _forge_weights(run_dir: Path) -> None:
+    """Publish version 999 of `solver` pointing elsewhere, unsigned, as the trainer principal."""
+    from astraflow.records import WeightVersion, encode
+
+    state = launcher.BrokerState.load(run_dir / "broker")
+    assert state is not None and state.secure
+    settings = settings_of(state, "trainer")
+    forged = WeightVersion(policy="solver", version=999, step=999, snapshot_version=999,
+                           snapshot_uri="file:///dev/null", snapshot_sha256="0" * 64, groups_consumed=10**6)
+    from confluent_kafka import Producer
+
+    producer = Producer(client_config(settings))
+    producer.produce(settings.topic("weights"), encode(forged), key=b"solver")
+    assert producer.flush(30) == 0
+
+
+@pytest.mark.e2e
+def test_a_recipe_trains_end_to_end_on_the_secured_broker_with_one_principal_per_component(tmp_path: Path) -> None:
+    # weights over HTTPS: the worker fetches them from the trainer's server with the run's token and CA
+    recipe = recipe_copy("arithmetic", tmp_path, model=TINY, worker={"count": 1},
+                         trainer={"batch_groups": 2, "serve_http": True}, run={"max_steps": None})
+    run_dir = tmp_path / "run"
+    proc = start_run(recipe, run_dir, subprocess_env(), "--max-steps", "6", "--secure")
+    wait_for(lambda: trainer_steps(run_dir, "solver") >= 1 or proc.poll() is not None, 900, "a trainer step")
+    assert proc.poll() is None, finish(proc, 60)[-5000:]
+    # every component runs as its own kind's principal, over SASL_SSL; none holds the admin password
+    users = {}
+    for pid, cmd in processes_of(run_dir):
+        env = _environ(pid)
+        for kind in ("trainer", "streams", "worker", "feed"):
+            if f"astraflow.cli {kind} " in cmd or f"astraflow {kind} " in cmd:
+                users[kind] = (env.get("ASTRAFLOW_SASL_USERNAME"), env.get("ASTRAFLOW_SECURITY_PROTOCOL"))
+    assert users == {"trainer": ("trainer", "SASL_SSL"), "streams": ("streams", "SASL_SSL"),
+                     "worker": ("worker", "SASL_SSL"), "feed": ("feeder", "SASL_SSL")}, users
+    tokens = {kind: _environ(pid).get("ASTRAFLOW_WEIGHTS_TOKEN") for pid, cmd in processes_of(run_dir)
+              for kind in ("trainer", "worker", "feed", "streams") if f"astraflow.cli {kind} " in cmd}
+    assert tokens["trainer"] and tokens["trainer"] == tokens["worker"], tokens
+    assert tokens["feed"] is None and tokens["streams"] is None, tokens
+    # a forged WeightVersion, even from a principal allowed to write `weights`, is dead-lettered
+    _forge_weights(run_dir)
+    wait_for(lambda: "mac: missing" in (run_dir / "logs" / "worker-0.log").read_text()
+             or proc.poll() is not None, 120, "the worker to dead-letter the forged event")
+    state = launcher.BrokerState.load(run_dir / "broker")
+    assert state is not None
+    events = [e for _, e in read_to_end(settings_of(state, "admin"), "weights")]
+    signed = [e for e in events if e.mac is not None]
+    assert signed and len(signed) == len(events) - 1  # all but the forged one
+    assert all(e.snapshot_uri.startswith("https://127.0.0.1:") for e in signed), signed[0].snapshot_uri
+    out = finish(proc, 900)
+    assert proc.returncode == 0, out[-5000:]
+    assert "SASL_SSL (SCRAM-SHA-512) with ACLs" in out
+    assert "every trainer reached 6 steps" in out
+    assert summary(run_dir)["policies"]["solver"]["steps"] >= 6
+    assert processes_of(run_dir) == []
+    # the streams worker (Faust/aiokafka) did its part over SCRAM-SHA-512 and SSL: samples reached the trainer
+    assert "Traceback" not in (run_dir / "logs" / "streams.log").read_text()
+    # the worker loaded published weights over HTTPS with the token, never refused by the server (the
+    # last version may be refused with "connection refused": the trainer, done, stops serving first)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    last = [r["values"] for r in rows if r["component"] == "worker"][-1]
+    assert last["worker.weights_applied"] >= 1, last
+    assert "HTTP 401" not in (run_dir / "logs" / "worker-0.log").read_text()
+    assert max(r["values"].get("worker.weight_version.solver", 0) for r in rows if r["component"] == "worker") < 999
+    for log_name in ("worker-0.log", "feeder.log"):
+        assert "dead-lettered" in (text := (run_dir / "logs" / log_name).read_text()) and "mac: missing" in text, log_name
+    denied = [line for line in (run_dir / "broker" / "logs" / "kafka.log").read_text().splitlines()
+              if "is Denied operation" in line]
+    assert denied == [], denied[:5]
+    # the directory resumes secured only: its broker, users, ACLs and run secrets are kept
+    plain = start_run(recipe, run_dir, subprocess_env(), "--max-steps", "8")
+    assert plain.wait(120) != 0 and "holds a secured broker" in finish(plain, 10)
+    again = start_run(recipe, run_dir, subprocess_env(), "--max-steps", "8", "--secure")
+    out = finish(again, 900)
+    assert again.returncode == 0, out[-5000:]
+    assert "resuming arithmetic" in out and "every trainer reached 8 steps" in out
+    # events signed before the restart still verify: only the forged one is refused again
+    assert "mac: does not match" not in (run_dir / "logs" / "worker-0.log").read_text()
+    assert processes_of(run_dir) == []
