@@ -36,6 +36,13 @@ TOPIC_RE = re.compile(r"^[A-Za-z0-9._\-{}]{1,200}$")
 PLACEHOLDERS = {"policy"}
 
 
+
+def _stringify_configs(cls: type, v: Any) -> Any:
+    """Kafka topic configs are strings; YAML gives numbers and booleans too."""
+    if isinstance(v, dict):
+        return {k: str(x) for k, x in v.items()}
+    return v
+
 class TopicDefaults(StrictModel):
     partitions: int = Field(default=1, ge=1, le=10_000)
     """Number of partitions (can grow later, never shrink)."""
@@ -67,12 +74,7 @@ class TopicEntry(StrictModel):
             raise ValueError(f"unknown record type {v!r}; known: {', '.join(RECORD_TYPES)}")
         return v
 
-    @field_validator("configs", mode="before")
-    @classmethod
-    def _stringify(cls, v: Any) -> Any:
-        if isinstance(v, dict):
-            return {k: str(x) for k, x in v.items()}
-        return v
+    _stringify = field_validator("configs", mode="before")(classmethod(_stringify_configs))
 
 
 class TopicProfile(StrictModel):
@@ -88,12 +90,7 @@ class TopicProfile(StrictModel):
     configs: dict[str, str] = Field(default_factory=dict)
     """Further Kafka topic configs for every topic, verbatim."""
 
-    @field_validator("configs", mode="before")
-    @classmethod
-    def _stringify(cls, v: Any) -> Any:
-        if isinstance(v, dict):
-            return {k: str(x) for k, x in v.items()}
-        return v
+    _stringify = field_validator("configs", mode="before")(classmethod(_stringify_configs))
 
 
 class TopicsFile(StrictModel):
