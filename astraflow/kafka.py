@@ -257,7 +257,7 @@ def read_to_end(settings: KafkaSettings, topic: str, timeout: float = 60.0) -> l
             for msg in consumer.consume(1000, timeout=0.5):
                 if msg.error() is not None:
                     continue
-                if msg.offset() + 1 >= high[msg.partition()]:
+                if (msg.offset() or 0) + 1 >= high[msg.partition()]:
                     todo.discard(msg.partition())
                 try:
                     out.append((msg.timestamp()[1] / 1000.0, decode(msg.value() or b"")))

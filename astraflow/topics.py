@@ -37,7 +37,7 @@ PLACEHOLDERS = {"policy"}
 
 
 
-def _stringify_configs(cls: type, v: Any) -> Any:
+def _stringify_configs(v: Any) -> Any:
     """Kafka topic configs are strings; YAML gives numbers and booleans too."""
     if isinstance(v, dict):
         return {k: str(x) for k, x in v.items()}
@@ -74,7 +74,10 @@ class TopicEntry(StrictModel):
             raise ValueError(f"unknown record type {v!r}; known: {', '.join(RECORD_TYPES)}")
         return v
 
-    _stringify = field_validator("configs", mode="before")(classmethod(_stringify_configs))
+    @field_validator("configs", mode="before")
+    @classmethod
+    def _stringify(cls, v: Any) -> Any:
+        return _stringify_configs(v)
 
 
 class TopicProfile(StrictModel):
@@ -90,7 +93,10 @@ class TopicProfile(StrictModel):
     configs: dict[str, str] = Field(default_factory=dict)
     """Further Kafka topic configs for every topic, verbatim."""
 
-    _stringify = field_validator("configs", mode="before")(classmethod(_stringify_configs))
+    @field_validator("configs", mode="before")
+    @classmethod
+    def _stringify(cls, v: Any) -> Any:
+        return _stringify_configs(v)
 
 
 class TopicsFile(StrictModel):
