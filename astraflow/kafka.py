@@ -125,6 +125,8 @@ class Publisher:
         self.producer = make_producer(settings, **overrides)
         self._errors: list[str] = []
         self._lock = threading.Lock()
+        #: (full topic, partition) -> offset just past the last record the broker acknowledged
+        self.acked_ends: dict[tuple[str, int], int] = {}
 
     def send(self, topic: str, record: Record, key: str | bytes | None = None,
              on_delivery: Callable[[Exception | None], None] | None = None,
@@ -138,11 +140,14 @@ class Publisher:
 
         full = self.settings.topic(topic)
 
-        def _done(err: Any, _msg: Any) -> None:
+        def _done(err: Any, msg: Any) -> None:
             exc = DeliveryError(f"{full}: {err}") if err is not None else None
             if exc is not None:
                 with self._lock:
                     self._errors.append(str(exc))
+            else:
+                key_ = (full, msg.partition())
+                self.acked_ends[key_] = max(self.acked_ends.get(key_, 0), msg.offset() + 1)
             if on_delivery is not None:
                 on_delivery(exc)
 

@@ -56,8 +56,8 @@ def test_a_feeder_killed_between_saves_publishes_no_task_twice(kafka: KafkaSetti
     saved_at_64 = tmp_path / "state64.json"
     real_save = Feeder._save_position
 
-    def save(self: Feeder, position: int, readers: Any) -> None:
-        real_save(self, position, readers)
+    def save(self: Feeder, position: int) -> None:
+        real_save(self, position)
         if position == 64:
             shutil.copy(state, saved_at_64)
 
