@@ -106,6 +106,7 @@ class Feeder:
         self.jsonl = Path(jsonl) if jsonl else (Path(self.cfg.jsonl) if self.cfg.jsonl else None)
         self.state_file = self.run_dir / "feeder" / "state.json"
         self.consumed: dict[str, int] = {}  # policy -> groups its trainer has consumed
+        self.versions: dict[str, int] = {}  # policy -> newest weight version announced (Task.min_versions)
         self.stats = StatsCache(self.cfg.max_task_stats)
         self.resume_skip: set[str] = set()  # group ids published after the last save, before a crash
         self.stopping = False
@@ -165,6 +166,7 @@ class Feeder:
             if isinstance(rec, WeightVersion):
                 consumed = max(rec.groups_consumed, rec.step * self.recipe.trainer.batch_groups)
                 self.consumed[rec.policy] = max(self.consumed.get(rec.policy, 0), consumed)
+                self.versions[rec.policy] = max(self.versions.get(rec.policy, 0), rec.version)
             elif isinstance(rec, TaskStats):
                 self.stats.put(rec)
 
@@ -295,6 +297,7 @@ class Feeder:
                     self.skips_in_row += 1
                     continue
                 self.skips_in_row = 0
+                task.min_versions = {p: v for p, v in self.versions.items() if p in task.roles.values()}
                 self.publisher.send("tasks", task, key=task.task_id)
                 self.published += 1
                 self.counts["published"] += 1

@@ -74,7 +74,7 @@ class Worker:
         self.paused = False
         self.assigned: set[int] = set()
         self.counts = {k: 0 for k in ("tokens", "episodes", "trajectories", "tasks_done", "tasks_released",
-                                      "deadletters", "episode_errors")}
+                                      "deadletters", "episode_errors", "weights_late")}
         self.engines: dict[str, Engine] = {}
         self.topic = settings.topic("tasks")
 
@@ -231,6 +231,7 @@ class Worker:
     async def _run_task(self, task: Task, partition: int, offset: int) -> None:
         held = [task.group_size]  # episode slots this task still holds; each episode frees its own
         try:
+            await self._wait_for_weights(task)
             acks = await asyncio.gather(*(self._episode(task, k, held) for k in range(task.group_size)))
             await asyncio.gather(*(a for batch in acks for a in batch))
         except asyncio.CancelledError:
@@ -244,6 +245,22 @@ class Worker:
             self.tasks.pop((partition, offset), None)
         self.counts["tasks_done"] += 1
         self._finished(partition, offset)
+
+    async def _wait_for_weights(self, task: Task) -> None:
+        """Hold a task until this worker's engines have the weights it was admitted with: the feeder
+        hears of a version as soon as it is announced, the worker only once it has fetched and loaded
+        it, and a task rolled out with the version before would exceed the staleness bound."""
+        behind = {p: v for p, v in task.min_versions.items() if p in self.engines and self.engines[p].version < v}
+        if not behind:
+            return
+        deadline = time.monotonic() + self.cfg.weights_wait_s
+        while any(self.engines[p].version < v for p, v in behind.items()):
+            if time.monotonic() > deadline:
+                self.counts["weights_late"] += 1
+                log.warning("task %s: weights %s not loaded after %.0f s; rolling it out with %s", task.task_id,
+                            behind, self.cfg.weights_wait_s, {p: self.engines[p].version for p in behind})
+                return
+            await asyncio.sleep(POLL_TICK_S)
 
     async def _episode(self, task: Task, k: int, held: list[int]) -> list[asyncio.Future[None]]:
         """Run one episode (when one of the `max_episodes` slots is free) and hand its trajectories

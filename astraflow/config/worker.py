@@ -53,6 +53,10 @@ class WorkerConfig(StrictModel):
     reason (one task must not be able to queue thousands of episodes or sandboxes)."""
     group: str = "workers"
     """Base name of the consumer group on `tasks` (namespaced like topics)."""
+    weights_wait_s: float = Field(default=30.0, ge=0.0, le=3600.0)
+    """How long a task waits for the weights it was admitted with (Task.min_versions) before it is
+    rolled out with older ones anyway (counted in worker.weights_late; a refused version would
+    otherwise stop the worker)."""
     drain_timeout_s: float = Field(default=30.0, ge=0.0, le=3600.0)
     """On SIGTERM, how long in-flight episodes may run on before they are released (not committed,
     so another worker re-runs them)."""

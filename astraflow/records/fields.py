@@ -187,12 +187,24 @@ class FloatMap(Kind):
             raise _fail(field, "must not be empty")
         if len(value) > MAX_MAP_ITEMS:
             raise _fail(field, f"more than {MAX_MAP_ITEMS} entries ({len(value)})")
-        number = Float(min=self.min, max=self.max)
+        number = self._number()
         out: dict[str, float] = {}
         for k, v in value.items():
             name = self.key.check(f"{field} key", k)
             out[name] = number.check(f"{field}.{name}", v)
         return out
+
+
+    def _number(self) -> Kind:
+        return Float(min=self.min, max=self.max)
+
+
+@dataclass(frozen=True)
+class IntMap(FloatMap):
+    """A map from names to integers (weight versions per policy)."""
+
+    def _number(self) -> Kind:
+        return Int(min=None if self.min is None else int(self.min), max=None if self.max is None else int(self.max))
 
 
 @dataclass(frozen=True)

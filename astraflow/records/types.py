@@ -26,6 +26,7 @@ from astraflow.records.fields import (
     Float,
     FloatMap,
     Int,
+    IntMap,
     Json,
     Kind,
     Optional,
@@ -125,10 +126,16 @@ class Task(Record):
     payload: Any = wire(Json(), default_factory=dict)
     attempt: int = wire(Int(min=0, max=1_000_000), default=0)
     created_at: float = wire(Float(min=0), default_factory=_now)
+    min_versions: dict[str, int] = wire(IntMap(min=0, max=2**31 - 1), default_factory=dict)
+    """Per policy, the newest weight version the feeder had seen when it admitted the task: workers
+    roll the task out with at least these weights, so the staleness bound admission keeps holds even
+    when the feeder hears of a version before the workers have loaded it."""
 
     def _check(self, known_policies: frozenset[str] | None) -> None:
         for role, policy in self.roles.items():
             _check_policy(f"roles.{role}", policy, known_policies)
+        for policy in self.min_versions:
+            _check_policy(f"min_versions.{policy}", policy, known_policies)
 
     @property
     def group_id(self) -> str:
