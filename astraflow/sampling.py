@@ -28,6 +28,14 @@ if TYPE_CHECKING:
     from astraflow.config.worker import WorkerConfig
 
 
+def check_truncation(top_p: float, top_k: int) -> None:
+    """ValueError unless top_p is in (0, 1] and top_k >= 0 (0: off): the rule every sampler shares."""
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be at least 0 (0: off), got {top_k}")
+
+
 @dataclass(frozen=True)
 class SamplingSettings:
     """The settings that define a trainable behaviour distribution (temperature > 0)."""
@@ -39,10 +47,7 @@ class SamplingSettings:
     def __post_init__(self) -> None:
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0 to train (0 is greedy), got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be at least 0 (0: off), got {self.top_k}")
+        check_truncation(self.top_p, self.top_k)
 
     @classmethod
     def of(cls, worker: WorkerConfig) -> SamplingSettings:

@@ -28,10 +28,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be at least 0 (0: off), got {self.top_k}")
+        from astraflow.sampling import check_truncation  # here: importing the module loads torch
+
+        check_truncation(self.top_p, self.top_k)
 
 
 @dataclass
