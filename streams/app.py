@@ -209,6 +209,13 @@ def create_app(recipe: Recipe, *, kafka: KafkaSettings | None = None, data_dir: 
                 except Exception as exc:
                     fatal("the task_stats agent", exc)
 
+    @app.task
+    async def emitter() -> None:
+        try:
+            await runtime.emitter()
+        except Exception as exc:
+            fatal("the group emitter", exc)
+
     @app.timer(cfg.sweep_every_s, name="sweep")
     async def sweep() -> None:
         try:

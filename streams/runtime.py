@@ -1,14 +1,19 @@
 """What the Faust agents of streams/app.py do with each event: the thin layer between Faust and
 the pure algorithms.
 
-- `on_trajectory`: validate (bad -> `deadletter`), add to the group table, emit when complete.
-- `sweep` (a timer): emit groups whose timeout passed, or that became complete without a new
+- `on_trajectory`: validate (bad -> `deadletter`), add to the group table, queue the group for
+  emission when complete.
+- `sweep` (a timer): queue groups whose timeout passed, or that became complete without a new
   event (after a restart), and forget emitted groups past their dedupe TTL.
-- `emit`: run the group algorithms, route, and produce the Samples with the intent protocol of
-  streams/emit.py, so a crash at any point neither loses nor duplicates a Sample.
-- `on_task_update`: fold a group summary into the per-task statistics and publish TaskStats.
+- `emitter` (a task): emits what is queued, every group queued meanwhile in one batch: run the
+  group algorithms, route, and produce the Samples with the intent protocol of streams/emit.py,
+  so a crash at any point neither loses nor duplicates a Sample. A batch pays the protocol's two
+  awaited round trips (intents durable, then Samples acknowledged) once for all its groups; one
+  group at a time, the groups of a training step queued behind each other's round trips.
 
-The agent and the timer share one asyncio lock: a group is never emitted by both.
+Only the emitter emits. A group queued but not yet emitted is safe in a crash: its table entry is
+flushed before its source offsets are committed, and the sweep queues it again after the restart.
+A trajectory of a group being emitted is dropped as the duplicate or the late arrival it is.
 """
 
 from __future__ import annotations
@@ -39,8 +44,8 @@ EX_SOFTWARE = 70
 
 def _failpoint() -> tuple[str, int] | None:
     """Fault injection for the crash tests: ASTRAFLOW_STREAMS_FAILPOINT=mid_emit:N (SIGKILL after half
-    of the N-th emitted group's Samples are acknowledged) or after_emit:N (after all of them,
-    before the group is marked done)."""
+    of the N-th emitted group's Samples are acknowledged) or after_emit:N (after all the Samples
+    of the N-th group's batch are, before any group of the batch is marked done)."""
     spec = os.environ.get("ASTRAFLOW_STREAMS_FAILPOINT", "")
     where, _, n = spec.partition(":")
     return (where, int(n)) if where in ("mid_emit", "after_emit") and n.isdigit() else None
@@ -67,6 +72,19 @@ class Topics:
     task_stats: Any | None
 
 
+@dataclass
+class _Plan:
+    """One group of an emission batch: what its algorithms made of it, before anything is sent."""
+
+    gid: str
+    meta: dict[str, Any]
+    group: Group
+    records: list[tuple[str, int, Any]]  # (policy, partition, Sample)
+    summaries: list[dict[str, Any]]
+    emitted: bool
+    number: int = 0  # its place among the emissions that produced Samples (the failpoints count them)
+
+
 class StreamsRuntime:
     def __init__(self, app: Any, pipeline: Pipeline, collector: Collector, topics: Topics,
                  settings: KafkaSettings, stats_table: Any | None, instance_id: str,
@@ -77,7 +95,9 @@ class StreamsRuntime:
         self.commit_every_s = commit_every_s
         self.policies = frozenset(pipeline.ctx.policies)
         self.counters = pipeline.counters
-        self.lock = asyncio.Lock()
+        self.queue: dict[str, str] = {}  # gid -> action, in the order queued
+        self.emitting: set[str] = set()
+        self._wake = asyncio.Event()
         self.max_task_stats = max_task_stats
         # bounded (streams/bounded.py): a flood of groups must not grow them without end
         self.cache: LRU[str, Trajectory] = LRU(max_cached_trajectories, lambda: self.counters.inc("cache.evicted"))
@@ -87,6 +107,7 @@ class StreamsRuntime:
         self.reporter = MetricsReporter(self.publisher, "streams", instance_id, region=settings.region)
         self.last_event = time.monotonic()
         self._was_ready = False
+        self._seen_ends: tuple[float, dict[Any, int], float] = (0.0, {}, 0.0)  # the watchdog's last look
         self.failpoint = _failpoint()
         self.emissions = 0
         self.tables = [t for t in (collector.bodies, collector.groups, stats_table) if hasattr(t, "written")]
@@ -113,23 +134,28 @@ class StreamsRuntime:
             c.observe("stage.validate.latency_ms", (time.perf_counter() - t0) * 1000.0)
         c.inc("stage.validate.out")
         self.pipeline.ctx.versions.observe(traj)
-        async with self.lock:
-            c.inc("stage.group.in")
-            now = time.time()
-            added = self.collector.add(traj, msg.value, msg.partition, now, msg.offset)
-            self.written()  # durable by the flush before the next commit
-            if added.outcome == "inconsistent":
-                c.inc("stage.group.deadlettered")
-                await self.deadletter(msg.topic, msg.partition, msg.offset, msg.key, msg.value,
-                                      f"Trajectory {traj.traj_id}: {added.reason}")
-            elif added.outcome in ("duplicate", "late"):
-                c.inc(f"stage.group.dropped.{added.outcome}")
-                c.inc(f"trajectories.dropped.{added.outcome}")
-            else:
-                self.cache[traj.traj_id] = traj
-                self.arrived[traj.group_id] = now
-            if added.ready:
-                await self.emit(traj.group_id, "complete")
+        c.inc("stage.group.in")
+        now = time.time()
+        if traj.group_id in self.emitting:  # its group's Samples are being produced without it
+            meta = self.collector.groups.get(traj.group_id) or {}
+            outcome = "duplicate" if traj.traj_id in meta.get("ids", ()) else "late"
+            c.inc(f"stage.group.dropped.{outcome}")
+            c.inc(f"trajectories.dropped.{outcome}")
+            return
+        added = self.collector.add(traj, msg.value, msg.partition, now, msg.offset)
+        self.written()  # durable by the flush before the next commit
+        if added.outcome == "inconsistent":
+            c.inc("stage.group.deadlettered")
+            await self.deadletter(msg.topic, msg.partition, msg.offset, msg.key, msg.value,
+                                  f"Trajectory {traj.traj_id}: {added.reason}")
+        elif added.outcome in ("duplicate", "late"):
+            c.inc(f"stage.group.dropped.{added.outcome}")
+            c.inc(f"trajectories.dropped.{added.outcome}")
+        else:
+            self.cache[traj.traj_id] = traj
+            self.arrived[traj.group_id] = now
+        if added.ready:
+            self.enqueue(traj.group_id, "complete")
 
     async def deadletter(self, topic: str, partition: int, offset: int, key: bytes | None, raw: bytes,
                          error: str) -> None:
@@ -168,7 +194,9 @@ class StreamsRuntime:
         about half of the restarts in the crash tests). The consumer never commits past a record
         that was not processed (streams/faust_glue.py, `_StrictConsumer`), so the commit stops
         there. Once nothing has arrived for two commit intervals, every partition should be
-        committed up to its end; if one is not, the flow is stopped, every such partition goes
+        committed up to the end it had a commit interval earlier (a later end may be records
+        still in flight to the agent: a test that paused its input saw them delivered twice);
+        if one is not, the flow is stopped, every such partition goes
         back to its committed offset (or to its earliest one, if retention deleted the records
         in between) and the flow resumes. What comes twice is dropped as a duplicate by the
         group stage."""
@@ -181,10 +209,15 @@ class StreamsRuntime:
         if not tps:
             return
         ends = await consumer.highwaters(*tps)
+        # only records the broker already had at an earlier check count: ones that arrived a moment
+        # ago are still on their way to the agent (re-seeking for them would deliver them twice)
+        seen, self._seen_ends = self._seen_ends, (time.monotonic(), ends, self.last_event)
+        if seen[2] != self.last_event or time.monotonic() - seen[0] < self.commit_every_s:
+            return
         stuck = []
         for tp in tps:
             committed = consumer._committed_offset.get(tp) or 0  # faust's own record of its commits
-            end = ends.get(tp)
+            end = seen[1].get(tp)
             if end is not None and end > committed:
                 stuck.append((tp, committed, end))
         if stuck:
@@ -208,13 +241,13 @@ class StreamsRuntime:
         if not self._ready_for_sweep():
             return
         await self.watchdog()
-        async with self.lock:
-            for gid, action in self.collector.due(time.time(), self.assigned_partitions()):
-                if action == "expire":
+        for gid, action in self.collector.due(time.time(), self.assigned_partitions()):
+            if action == "expire":
+                if gid not in self.emitting:
                     self.collector.forget(gid)
                     self.written()
-                else:
-                    await self.emit(gid, action)
+            else:
+                self.enqueue(gid, action)
         self.counters.gauge("groups.pending", self.collector.pending())
         self.counters.gauge("trajectories.pending", sum(
             len(m["ids"]) for _, m in self.collector.groups.items() if m is not None and m["state"] != DONE))
@@ -234,12 +267,76 @@ class StreamsRuntime:
         return Group(group_id=gid, task_id=meta["task"], env=meta["env"], policies=list(meta["policies"]),
                      group_size=meta["size"], trajectories=trajs, complete=complete)
 
-    async def emit(self, gid: str, action: str) -> None:
-        """Finish one group (caller holds the lock)."""
+    def enqueue(self, gid: str, action: str) -> None:
+        """Queue a group for the emitter (a complete group is emitted as complete, even if a
+        timeout queued it first)."""
+        if gid in self.emitting:
+            return
+        if action == "complete" or gid not in self.queue:
+            self.queue[gid] = action
+        self._wake.set()
+
+    async def emitter(self) -> None:
+        """Emit what is queued, in batches: everything queued while a batch is emitted is the next."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch, self.queue = list(self.queue.items()), {}
+            if not batch:
+                continue
+            self.emitting.update(gid for gid, _ in batch)
+            try:
+                await self.emit(batch)
+            finally:
+                self.emitting.difference_update(gid for gid, _ in batch)
+
+    async def emit(self, batch: list[tuple[str, str]]) -> None:
+        """Finish the groups of `batch` ((gid, action) pairs): the intents of all of them are made
+        durable together, then all their Samples are produced and acknowledged together."""
+        plans = [plan for gid, action in batch if (plan := await self._plan(gid, action)) is not None]
+        fresh = [p for p in plans if p.records and p.meta["state"] != INTENT]
+        now = time.time()
+        for p in fresh:
+            targets = sorted({(self.topics.samples[pol].get_topic_name(), part) for pol, part, _ in p.records})
+            self.collector.mark_intent(p.gid, now, targets)
+        intents = self.written()  # taken before any await: other writes may follow meanwhile
+        await self._recover([p for p in plans if p.records and p.meta["state"] == INTENT])
+        if fresh:
+            await self.send_now()
+            await asyncio.gather(*intents)  # the intents are durable before any Sample exists
+        futures: list[Any] = []
+        for p in plans:
+            self.emissions += bool(p.records)
+            p.number = self.emissions
+            for i, (policy, part, sample) in enumerate(p.records):
+                if i == len(p.records) // 2:
+                    await self._maybe_fail("mid_emit", p.number, p.gid, futures)
+                topic = self.topics.samples[policy]
+                futures.append(await topic.send(key=sample.group_id.encode(),
+                                                value=encode(sample, self.policies), partition=part))
+                self.counters.inc(f"samples.out.{policy}")
+            futures += await self._send_summaries(p.summaries, wait=False)
+        await self.send_now()
+        await asyncio.gather(*futures)
+        done = time.time()
+        for p in plans:
+            if p.records:
+                await self._maybe_fail("after_emit", p.number, p.gid, futures)
+            if p.emitted:
+                self.counters.inc("groups.emitted")
+                if p.gid in self.arrived:
+                    self.counters.observe("latency.emit_ms", (done - self.arrived[p.gid]) * 1000.0)
+                newest = max((t.created_at for t in p.group.trajectories), default=done)
+                self.counters.observe("latency.e2e_ms", max(0.0, done - newest) * 1000.0)
+            await self._finish(p.gid, p.meta)
+
+    async def _plan(self, gid: str, action: str) -> _Plan | None:
+        """Run the algorithms of one group. A group that ends here (dropped at its timeout, or
+        failed by a stage) is finished here; None also when it is gone, done, or waits for bodies."""
         c = self.counters
         meta = self.collector.groups.get(gid)
         if meta is None or meta["state"] == DONE:
-            return
+            return None
         n = len(meta["ids"])
         if action == "timeout_drop":
             c.inc("groups.timeout_dropped")
@@ -248,11 +345,11 @@ class StreamsRuntime:
             if self.pipeline.task_stats:  # it reaches no trainer: the feeder counts it consumed
                 await self._send_summaries([dropped_summary(gid, meta["task"], meta["env"])])
             await self._finish(gid, meta)
-            return
+            return None
         group = self._group(gid, meta, complete=action == "complete")
         if group is None:
             c.inc("groups.waiting_for_bodies")
-            return
+            return None
         c.inc("groups.timeout_emitted" if action == "timeout_emit" else "groups.complete")
         c.inc("stage.group.out", n)
         try:
@@ -268,43 +365,14 @@ class StreamsRuntime:
             await self._send_summaries([dict(s, dropped=True) for stage in self.pipeline.task_stats
                                         for s in stage.take()])
             await self._finish(gid, meta)
-            return
+            return None
         summaries = [s for stage in self.pipeline.task_stats for s in stage.take()]
         reached = {s.policy for s in samples if s.group_id == gid}
         for summary in summaries:  # a group that reaches no trainer of some policy: the feeder counts it consumed
             summary["dropped"] = summary["gid"] == gid and not set(group.policies) <= reached
         records = [(s.policy, partition_for(s.group_id, self.topics.sample_partitions[s.policy]), s)
                    for s in samples]
-        emitted = bool(records)
-        if records:
-            targets = sorted({(self.topics.samples[p].get_topic_name(), part) for p, part, _ in records})
-            if meta["state"] == INTENT:
-                records = await self._recover(gid, meta, records)
-            else:
-                self.collector.mark_intent(gid, time.time(), targets)
-                await self.send_now()
-                await asyncio.gather(*self.written())  # the intent is durable before any Sample exists
-        futures = []
-        self.emissions += bool(records)
-        for i, (policy, part, sample) in enumerate(records):
-            if i == len(records) // 2:
-                await self._maybe_fail("mid_emit", futures)
-            topic = self.topics.samples[policy]
-            futures.append(await topic.send(key=sample.group_id.encode(), value=encode(sample, self.policies),
-                                            partition=part))
-            c.inc(f"samples.out.{policy}")
-        futures += await self._send_summaries(summaries, wait=False)
-        await self.send_now()
-        await asyncio.gather(*futures)
-        await self._maybe_fail("after_emit", futures)
-        done = time.time()
-        if emitted:
-            c.inc("groups.emitted")
-            if gid in self.arrived:
-                c.observe("latency.emit_ms", (done - self.arrived[gid]) * 1000.0)
-            newest = max((t.created_at for t in group.trajectories), default=done)
-            c.observe("latency.e2e_ms", max(0.0, done - newest) * 1000.0)
-        await self._finish(gid, meta)
+        return _Plan(gid, meta, group, records, summaries, emitted=bool(records))
 
     async def send_now(self) -> None:
         """End the producer's linger for what was just sent (see `_IdempotentProducer.send_now`)."""
@@ -321,26 +389,31 @@ class StreamsRuntime:
             await asyncio.gather(*futures)
         return futures
 
-    async def _maybe_fail(self, where: str, futures: list) -> None:
-        if self.failpoint == (where, self.emissions):
+    async def _maybe_fail(self, where: str, number: int, gid: str, futures: list) -> None:
+        if self.failpoint == (where, number):
             await asyncio.gather(*futures)
-            log.warning("failpoint %s:%d: SIGKILL", where, self.emissions)
+            log.warning("failpoint %s:%d (group %s): SIGKILL", where, number, gid)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    async def _recover(self, gid: str, meta: dict[str, Any], records: list[tuple[str, int, Any]]) -> list:
-        """A previous worker died while emitting this group: send only what is not on the topics."""
-        targets = [(t, p) for t, p in meta.get("targets", [])]
-        targets += [(self.topics.samples[pol].get_topic_name(), part) for pol, part, _ in records]
-        keys = {s.group_id for _, _, s in records}
+    async def _recover(self, plans: list[_Plan]) -> None:
+        """A previous worker died while emitting these groups: keep in each plan only the Samples
+        that are not on the topics (one read-back for all of them)."""
+        if not plans:
+            return
+        name = {pol: topic.get_topic_name() for pol, topic in self.topics.samples.items()}
+        targets = {(t, part) for p in plans for t, part in p.meta.get("targets", [])}
+        targets |= {(name[pol], part) for p in plans for pol, part, _ in p.records}
+        keys = {s.group_id for p in plans for _, _, s in p.records}
+        since = min(p.meta["at"] for p in plans)
         loop = asyncio.get_running_loop()
-        found = await loop.run_in_executor(None, read_back, self.settings, targets, keys, meta["at"])
-        missing = [r for r in records
-                   if (self.topics.samples[r[0]].get_topic_name(), r[2].traj_id) not in found]
-        self.counters.inc("groups.recovered")
-        self.counters.inc("samples.recovered", len(records) - len(missing))
-        log.warning("group %s: recovered an interrupted emission; %d of %d Samples were already on the "
-                    "topics", gid, len(records) - len(missing), len(records))
-        return missing
+        found = await loop.run_in_executor(None, read_back, self.settings, sorted(targets), keys, since)
+        for p in plans:
+            missing = [r for r in p.records if (name[r[0]], r[2].traj_id) not in found]
+            self.counters.inc("groups.recovered")
+            self.counters.inc("samples.recovered", len(p.records) - len(missing))
+            log.warning("group %s: recovered an interrupted emission; %d of %d Samples were already on the "
+                        "topics", p.gid, len(p.records) - len(missing), len(p.records))
+            p.records = missing
 
     async def _finish(self, gid: str, meta: dict[str, Any]) -> None:
         for tid in meta["ids"]:
