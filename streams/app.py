@@ -1,7 +1,8 @@
 """`create_app(recipe)`: the one Faust app of the streams component.
 
 Layout (why one agent): every stage from validate to route runs inside ONE agent on
-`trajectories`, as plain function calls, with no topic between stages. The stages are all keyed
+`trajectories` and the emitter task it queues complete groups for, as plain function calls, with
+no topic between stages. The stages are all keyed
 by group_id, which is already the key (and so the partitioning) of `trajectories`, so an
 intermediate topic would buy no repartitioning, only cost: each 1,024-token trajectory (~13 kB)
 would cross the broker once more per stage, every hop would add latency, and every hop would add
