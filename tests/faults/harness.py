@@ -1,0 +1,129 @@
+"""Faults done to a real `astraflow run`: finding and SIGKILLing its components, its supervisor
+and its own broker, restarting that broker on its data directory, and draining the run to take
+its ledger (astraflow/runner/ledger.py). Used by tests/faults and by `make chaos` (bench/chaos.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from astraflow.config import KafkaSettings
+from astraflow.runner.ledger import Ledger, build
+from tests.conftest import REPO, subprocess_env
+from tests.e2e.helpers import finish, processes_of, trainer_steps
+
+TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
+KINDS = ("worker", "streams", "trainer", "feed")
+
+
+def component_pids(run_dir: Path, kind: str) -> list[int]:
+    """PIDs of the run's `astraflow <kind>` processes (worker, streams, trainer, feed)."""
+    return [pid for pid, cmd in processes_of(run_dir) if f"astraflow.cli {kind} " in cmd]
+
+
+def kill_component(run_dir: Path, kind: str, timeout: float = 120.0) -> int:
+    """SIGKILL one running `kind` process of the run (waiting for one to be up); its PID."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = component_pids(run_dir, kind)
+        if pids:
+            os.kill(pids[0], signal.SIGKILL)
+            return pids[0]
+        time.sleep(0.5)
+    raise AssertionError(f"no {kind} process of {run_dir} ran within {timeout:.0f}s")
+
+
+def broker_state(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "broker" / "state.json").read_text())
+
+
+def kill_broker(run_dir: Path) -> int:
+    """SIGKILL the run's own broker (its JVM, by the PID in its data directory)."""
+    pid = int(broker_state(run_dir)["pid"])
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return pid
+
+
+def restart_broker(run_dir: Path) -> str:
+    """`astraflow broker start` on the run's data directory and port: the clients reconnect."""
+    port = int(broker_state(run_dir)["port"])
+    out = subprocess.run([sys.executable, "-m", "astraflow.cli", "broker", "start", "--port", str(port),
+                          "--data-dir", str(run_dir / "broker")], capture_output=True, text=True, timeout=300,
+                         cwd=REPO, env=subprocess_env())
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+def write_recipe(path: Path, base: Path, **overrides: Any) -> Path:
+    """A copy of the recipe file `base` with nested overrides."""
+    data = yaml.safe_load(base.read_text())
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key].update(value)
+        else:
+            data[key] = value
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def settings_of(run_dir: Path, env: dict[str, str]) -> KafkaSettings:
+    """How to reach the run's topics: the shared broker of `env`, or the run's own."""
+    if env.get("ASTRAFLOW_BOOTSTRAP"):
+        return KafkaSettings(bootstrap=env["ASTRAFLOW_BOOTSTRAP"], namespace=env.get("ASTRAFLOW_NAMESPACE"))
+    return KafkaSettings(bootstrap=broker_state(run_dir)["bootstrap"])
+
+
+def drain(run_dir: Path, proc: subprocess.Popen[str], env: dict[str, str], policies: list[str],
+          batch_groups: int, timeout: float = 600.0) -> Ledger:
+    """Stop the feeder of the running run (SIGTERM: a clean exit, which the supervisor does not
+    restart; again if a crashed one comes back), let every task in flight finish, and return the
+    ledger once it is drained: nothing waits anywhere but fewer than a batch per policy in the
+    trainer. The run keeps running; the ledger of an undrained run comes back after `timeout`."""
+    ledger: Ledger | None = None
+    deadline = time.monotonic() + timeout
+    quiet = 0
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the run exited ({proc.returncode}) while draining:\n{finish(proc, 10)[-4000:]}")
+        feeders = component_pids(run_dir, "feed")
+        for pid in feeders:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        quiet = 0 if feeders else quiet + 1
+        time.sleep(5)
+        if quiet < 2:
+            continue
+        with contextlib.suppress(Exception):  # a broker that is restarting: try again
+            ledger = build(run_dir, settings_of(run_dir, env), policies)
+            if not ledger.problems(batch_groups, drained=True):
+                return ledger
+    if ledger is None:
+        raise AssertionError(f"no ledger of {run_dir} could be taken within {timeout:.0f}s")
+    return ledger
+
+
+def wait_steps(run_dir: Path, policy: str, target: int, proc: subprocess.Popen[str], timeout: float) -> float:
+    """Wait until the trainer of `policy` reports `target` steps; the seconds it took. A stall (no
+    such step in `timeout`) or an exit of the run fails with the run's output."""
+    start = time.monotonic()
+    while trainer_steps(run_dir, policy) < target:
+        if proc.poll() is not None:
+            raise AssertionError(f"the run exited ({proc.returncode}) before step {target}:\n{finish(proc, 10)[-4000:]}")
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"stall: step {target} not reached in {timeout:.0f}s "
+                                 f"(at {trainer_steps(run_dir, policy)})")
+        time.sleep(0.5)
+    return time.monotonic() - start
