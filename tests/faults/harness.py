@@ -6,17 +6,18 @@ its ledger (astraflow/runner/ledger.py). Used by tests/faults and by `make chaos
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from astraflow.broker import BrokerState
 from astraflow.config import KafkaSettings
 from astraflow.runner.ledger import Ledger, build
 from tests.conftest import REPO, subprocess_env
@@ -44,7 +45,10 @@ def kill_component(run_dir: Path, kind: str, timeout: float = 120.0) -> int:
 
 
 def broker_state(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / "broker" / "state.json").read_text())
+    """The run's own broker as `astraflow broker start` saved it (pid, port, bootstrap)."""
+    state = BrokerState.load(run_dir / "broker")
+    assert state is not None, f"no broker runs in {run_dir / 'broker'}"
+    return asdict(state)
 
 
 def kill_broker(run_dir: Path) -> int:
