@@ -1,13 +1,15 @@
-"""`make chaos`: the long fault-injection run. One `astraflow run` of recipes/arithmetic.yaml (tiny
-model, its own broker in the run directory) takes, in a shuffled order, at least `--kills` SIGKILLs
-of each component kind (worker, streams, trainer, feeder), `--kills` SIGKILLs of the supervisor each
-followed by a resume on the same run directory, and `--broker-restarts` SIGKILLs of the broker each
-followed by `astraflow broker start` on its data directory while every client runs. The trainer is
-also killed at its failpoints (mid-step, mid-checkpoint, mid-publication). After every fault the
-trainer must advance `--steps-between` steps within `--stall-s` seconds (else: a stall). At the end
-the run is drained and its ledger taken (astraflow/runner/ledger.py): lost, duplicated, stalls.
+"""`make chaos`: the long fault-injection run. One run directory of recipes/arithmetic.yaml (tiny
+model) on a broker of its own that this script starts, in `--rounds` rounds. In each round: a new
+`astraflow run` resumes the run directory; each component kind (worker, streams, trainer, feeder)
+is SIGKILLed once, once the trainer took a step, in a shuffled order a few seconds apart; the trainer must then advance a step
+within `--stall-s` seconds (else: a stall); then the supervisor is SIGKILLed (its components get
+SIGTERM) and the next round resumes. In `--broker-restarts` rounds the broker is SIGKILLed too,
+while every client runs, and started again on its data directory and port. The trainer is also
+killed at its failpoints (mid-step, mid-checkpoint, mid-publication). At the end the run is
+drained and its ledger taken (astraflow/runner/ledger.py): lost, duplicated, stalls.
+(Rounds rather than one fault at a time: on the 2-core machine a restart costs a minute or more.)
 
-    PYTHONPATH=. python -m bench.chaos [--kills 10] [--seed 0] [--out bench/chaos-result.json]
+    PYTHONPATH=. python -m bench.chaos [--rounds 10] [--seed 0] [--out bench/chaos-result.json]
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ import json
 import os
 import random
 import signal
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+from astraflow import broker
 from astraflow.runner.ledger import build
 from tests.conftest import REPO, subprocess_env
 from tests.e2e.helpers import finish, processes_of, start_run, trainer_steps
@@ -39,75 +43,89 @@ from tests.faults.harness import (
 
 POLICY = "solver"
 BATCH_GROUPS = 2
-TRAINER_FAILPOINTS = "mid_step:7,mid_checkpoint:23,mid_publication:41,mid_step:60,mid_checkpoint:80,mid_publication:99"
+TRAINER_FAILPOINTS = "mid_step:4,mid_checkpoint:9,mid_publication:14,mid_step:19,mid_checkpoint:25,mid_publication:31"
 
 
-def plan(kills: int, broker_restarts: int, rng: random.Random) -> list[str]:
-    events = [k for k in KINDS for _ in range(kills)] + ["supervisor"] * kills
-    rng.shuffle(events)
-    for i in range(broker_restarts):  # spread out, never first
-        events.insert((i + 1) * len(events) // (broker_restarts + 1), "broker")
-    return events
+def supervisor_kill(proc: subprocess.Popen[str], run_dir: Path) -> None:
+    proc.kill()
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 120  # its components get SIGTERM (PR_SET_PDEATHSIG) and stop
+    while any(component_pids(run_dir, k) for k in KINDS) and time.monotonic() < deadline:
+        time.sleep(0.5)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kills", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--broker-restarts", type=int, default=2)
-    ap.add_argument("--steps-between", type=int, default=2)
-    ap.add_argument("--stall-s", type=float, default=400.0)
+    ap.add_argument("--stall-s", type=float, default=600.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "chaos-result.json")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="astraflow-chaos-"))
-    run_dir = root / "run"
+    run_dir, broker_dir = root / "run", root / "broker"
     recipe = write_recipe(root / "arithmetic.yaml", REPO / "recipes" / "arithmetic.yaml", model=TINY,
                           worker={"count": args.workers}, feeder={"group_size": 4},
                           trainer={"batch_groups": BATCH_GROUPS}, run={"max_steps": None})
-    env = subprocess_env(ASTRAFLOW_TRAINER_FAILPOINT=TRAINER_FAILPOINTS)  # no bootstrap: its own broker
-    events = plan(args.kills, args.broker_restarts, rng)
+    bootstrap = broker.start(port=0, data_dir=broker_dir).bootstrap
+    env = subprocess_env(ASTRAFLOW_BOOTSTRAP=bootstrap, ASTRAFLOW_NAMESPACE="chaos",
+                         ASTRAFLOW_TRAINER_FAILPOINT=TRAINER_FAILPOINTS)
+    broker_rounds = {(i + 1) * args.rounds // (args.broker_restarts + 1) for i in range(args.broker_restarts)}
     done: dict[str, int] = {}
     stalls: list[str] = []
     recoveries: list[float] = []
     started = time.time()
-    print(f"[chaos] {len(events)} faults, run dir {run_dir}", flush=True)
-    proc = start_run(recipe, run_dir, env)
     steps = 0  # metrics.jsonl starts again empty at each resume: the highest step seen so far
+    print(f"[chaos] {args.rounds} rounds, broker restarts in rounds {sorted(broker_rounds)}, run dir {run_dir}",
+          flush=True)
+    proc = start_run(recipe, run_dir, env)
+    ledger = None
     try:
-        for i, event in enumerate(events):
+        for rnd in range(args.rounds):
             steps = max(steps, trainer_steps(run_dir, POLICY))
-            target = steps + args.steps_between
-            try:
-                recoveries.append(wait_steps(run_dir, POLICY, target, proc, args.stall_s))
+            try:  # every component is up and working before the faults
+                wait_steps(run_dir, POLICY, steps + 1, proc, args.stall_s)
             except AssertionError as exc:
-                stalls.append(f"before fault {i} ({event}): {exc}")
+                stalls.append(f"round {rnd}, before its faults: {exc}")
+                break
+            kinds = list(KINDS) + (["broker"] if rnd in broker_rounds else [])
+            rng.shuffle(kinds)
+            for kind in kinds:
+                if kind == "broker":
+                    kill_broker(broker_dir)
+                    time.sleep(5)  # every client notices
+                    assert restart_broker(broker_dir) == bootstrap
+                else:
+                    kill_component(run_dir, kind, timeout=args.stall_s)
+                done[kind] = done.get(kind, 0) + 1
+                time.sleep(rng.uniform(1.0, 6.0))
+            steps = max(steps, trainer_steps(run_dir, POLICY))
+            try:
+                recoveries.append(wait_steps(run_dir, POLICY, steps + 1, proc, args.stall_s))
+            except AssertionError as exc:
+                stalls.append(f"round {rnd}: {exc}")
                 print(f"[chaos] STALL {stalls[-1][:2000]}", flush=True)
                 break
-            if event == "supervisor":
-                proc.kill()
-                proc.communicate(timeout=60)
-                deadline = time.monotonic() + 120  # its components get SIGTERM (PR_SET_PDEATHSIG)
-                while any(component_pids(run_dir, k) for k in KINDS) and time.monotonic() < deadline:
-                    time.sleep(0.5)
+            steps = max(steps, trainer_steps(run_dir, POLICY))
+            print(f"[chaos] {time.time() - started:6.0f}s round {rnd + 1}/{args.rounds}: killed {', '.join(kinds)}; "
+                  f"step {steps} after {recoveries[-1]:.0f}s", flush=True)
+            if rnd < args.rounds - 1:
+                supervisor_kill(proc, run_dir)
+                done["supervisor"] = done.get("supervisor", 0) + 1
                 proc = start_run(recipe, run_dir, env)
-            elif event == "broker":
-                kill_broker(run_dir)
-                time.sleep(5)  # every client notices
-                restart_broker(run_dir)
-            else:
-                kill_component(run_dir, event)
-            done[event] = done.get(event, 0) + 1
-            print(f"[chaos] {time.time() - started:6.0f}s fault {i + 1}/{len(events)}: {event} at step "
-                  f"{trainer_steps(run_dir, POLICY)}", flush=True)
-        steps = max(steps, trainer_steps(run_dir, POLICY))
-        ledger = (build(run_dir, settings_of(run_dir, env), [POLICY]) if stalls
-                  else drain(run_dir, proc, env, [POLICY], BATCH_GROUPS, timeout=900))
+        if not stalls:  # a last stretch without faults, then the drain
+            wait_steps(run_dir, POLICY, steps + 3, proc, args.stall_s)
+            steps = max(steps, trainer_steps(run_dir, POLICY))
+            ledger = drain(run_dir, proc, env, [POLICY], BATCH_GROUPS, timeout=900)
+        else:
+            ledger = build(run_dir, settings_of(run_dir, env), [POLICY])
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
         out = finish(proc, 600)
+        broker.stop(broker_dir)
     fired = sorted(p.name for p in (run_dir / "trainer" / POLICY).glob("failpoint-*"))
     problems = ledger.problems(BATCH_GROUPS, drained=not stalls)
     result = {"machine": os.uname().nodename, "cores": os.cpu_count(), "seed": args.seed,

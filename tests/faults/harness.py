@@ -44,16 +44,16 @@ def kill_component(run_dir: Path, kind: str, timeout: float = 120.0) -> int:
     raise AssertionError(f"no {kind} process of {run_dir} ran within {timeout:.0f}s")
 
 
-def broker_state(run_dir: Path) -> dict[str, Any]:
-    """The run's own broker as `astraflow broker start` saved it (pid, port, bootstrap)."""
-    state = BrokerState.load(run_dir / "broker")
-    assert state is not None, f"no broker runs in {run_dir / 'broker'}"
+def broker_state(data_dir: Path) -> dict[str, Any]:
+    """The broker of `data_dir` as `astraflow broker start` saved it (pid, port, bootstrap)."""
+    state = BrokerState.load(data_dir)
+    assert state is not None, f"no broker runs in {data_dir}"
     return asdict(state)
 
 
-def kill_broker(run_dir: Path) -> int:
-    """SIGKILL the run's own broker (its JVM, by the PID in its data directory)."""
-    pid = int(broker_state(run_dir)["pid"])
+def kill_broker(data_dir: Path) -> int:
+    """SIGKILL the broker of `data_dir` (its JVM, by the PID it saved)."""
+    pid = int(broker_state(data_dir)["pid"])
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
@@ -61,11 +61,11 @@ def kill_broker(run_dir: Path) -> int:
     return pid
 
 
-def restart_broker(run_dir: Path) -> str:
-    """`astraflow broker start` on the run's data directory and port: the clients reconnect."""
-    port = int(broker_state(run_dir)["port"])
+def restart_broker(data_dir: Path) -> str:
+    """`astraflow broker start` on `data_dir` and its port: the clients reconnect by themselves."""
+    port = int(broker_state(data_dir)["port"])
     out = subprocess.run([sys.executable, "-m", "astraflow.cli", "broker", "start", "--port", str(port),
-                          "--data-dir", str(run_dir / "broker")], capture_output=True, text=True, timeout=300,
+                          "--data-dir", str(data_dir)], capture_output=True, text=True, timeout=300,
                          cwd=REPO, env=subprocess_env())
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout.strip().splitlines()[-1]
@@ -87,7 +87,7 @@ def settings_of(run_dir: Path, env: dict[str, str]) -> KafkaSettings:
     """How to reach the run's topics: the shared broker of `env`, or the run's own."""
     if env.get("ASTRAFLOW_BOOTSTRAP"):
         return KafkaSettings(bootstrap=env["ASTRAFLOW_BOOTSTRAP"], namespace=env.get("ASTRAFLOW_NAMESPACE"))
-    return KafkaSettings(bootstrap=broker_state(run_dir)["bootstrap"])
+    return KafkaSettings(bootstrap=broker_state(run_dir / "broker")["bootstrap"])
 
 
 def drain(run_dir: Path, proc: subprocess.Popen[str], env: dict[str, str], policies: list[str],

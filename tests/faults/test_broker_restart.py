@@ -38,13 +38,13 @@ def test_a_broker_killed_and_restarted_under_load_loses_nothing(tmp_path: Path) 
     proc = start_run(recipe, run_dir, env)
     try:
         wait_steps(run_dir, "solver", 3, proc, 900)
-        before = broker_state(run_dir)
-        kill_broker(run_dir)
+        before = broker_state(run_dir / "broker")
+        kill_broker(run_dir / "broker")
         time.sleep(5)  # every client loses its connections
         assert all(component_pids(run_dir, k) for k in KINDS), "a client died with the broker"
         at_kill = trainer_steps(run_dir, "solver")
-        assert restart_broker(run_dir) == before["bootstrap"]
-        assert broker_state(run_dir)["pid"] != before["pid"]
+        assert restart_broker(run_dir / "broker") == before["bootstrap"]
+        assert broker_state(run_dir / "broker")["pid"] != before["pid"]
         wait_steps(run_dir, "solver", at_kill + 4, proc, 900)  # no stall: the clients reconnected
         ledger = drain(run_dir, proc, env, ["solver"], BATCH_GROUPS)
     finally:
