@@ -27,16 +27,18 @@ from pathlib import Path
 from astraflow import broker
 from astraflow.runner.ledger import build
 from tests.conftest import REPO, subprocess_env
-from tests.e2e.helpers import finish, processes_of, start_run, trainer_steps
+from tests.e2e.helpers import processes_of, trainer_steps
 from tests.faults.harness import (
     KINDS,
     TINY,
     component_pids,
     drain,
+    finish,
     kill_broker,
     kill_component,
     restart_broker,
     settings_of,
+    start_run,
     wait_steps,
     write_recipe,
 )

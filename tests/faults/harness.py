@@ -21,10 +21,40 @@ from astraflow.broker import BrokerState
 from astraflow.config import KafkaSettings
 from astraflow.runner.ledger import Ledger, build
 from tests.conftest import REPO, subprocess_env
-from tests.e2e.helpers import finish, processes_of, trainer_steps
+from tests.e2e.helpers import processes_of, trainer_steps
 
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
 KINDS = ("worker", "streams", "trainer", "feed")
+
+
+def start_run(recipe: Path, run_dir: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    """`astraflow run` with its output in a file next to the run directory (`finish` reads it): a
+    pipe nobody reads while the run goes on fills up, and the supervisor then blocks writing to it
+    (crash events carry log tails), which looks exactly like a stall."""
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    out = open(run_dir.parent / f"{run_dir.name}-{time.time_ns()}.out", "w+")  # noqa: SIM115 - closed by finish
+    proc = subprocess.Popen([sys.executable, "-m", "astraflow.cli", "run", str(recipe), "--run-dir", str(run_dir),
+                             "--no-dashboard", *args], env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO)
+    proc.output_file = out  # type: ignore[attr-defined]
+    return proc
+
+
+def finish(proc: subprocess.Popen[str], timeout: float) -> str:
+    """Wait for a run of `start_run` to exit (SIGINT, then fail, after `timeout`); its output."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=180)
+        raise AssertionError(f"astraflow run did not finish in {timeout:.0f}s:\n{output(proc)[-5000:]}") from None
+    return output(proc)
+
+
+def output(proc: subprocess.Popen[str]) -> str:
+    out = proc.output_file  # type: ignore[attr-defined]
+    out.flush()
+    return Path(out.name).read_text(errors="replace")
 
 
 def component_pids(run_dir: Path, kind: str) -> list[int]:

@@ -11,20 +11,23 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, subprocess_env
-from tests.e2e.helpers import finish, processes_of, start_run, trainer_steps
+from tests.e2e.helpers import processes_of, trainer_steps
 from tests.faults.harness import (
     KINDS,
     TINY,
     broker_state,
     component_pids,
     drain,
+    finish,
     kill_broker,
     restart_broker,
+    start_run,
     wait_steps,
     write_recipe,
 )
 
-pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.broker, pytest.mark.slow]
+pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.broker, pytest.mark.slow,
+              pytest.mark.timeout(1800)]  # a loaded 2-core machine: restarts take minutes
 
 BATCH_GROUPS = 2
 

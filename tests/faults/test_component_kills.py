@@ -18,19 +18,22 @@ import pytest
 from astraflow.failpoints import TRAINER_ENV
 from astraflow.runner.ledger import build
 from tests.conftest import REPO
-from tests.e2e.helpers import finish, run_env, start_run
+from tests.e2e.helpers import run_env
 from tests.faults.harness import (
     KINDS,
     TINY,
     component_pids,
     drain,
+    finish,
     kill_component,
     settings_of,
+    start_run,
     wait_steps,
     write_recipe,
 )
 
-pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.broker, pytest.mark.slow]
+pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.broker, pytest.mark.slow,
+              pytest.mark.timeout(1800)]  # a loaded 2-core machine: restarts take minutes
 
 BATCH_GROUPS = 2
 
