@@ -120,6 +120,16 @@ def settings_of(run_dir: Path, env: dict[str, str]) -> KafkaSettings:
     return KafkaSettings(bootstrap=broker_state(run_dir / "broker")["bootstrap"])
 
 
+def catches_sigterm(pid: int) -> bool:
+    """Whether process `pid` has installed its SIGTERM handler (SigCgt in /proc/PID/status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next((int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:")), 0)
+    return bool(caught >> (signal.SIGTERM - 1) & 1)
+
+
 def drain(run_dir: Path, proc: subprocess.Popen[str], env: dict[str, str], policies: list[str],
           batch_groups: int, timeout: float = 600.0) -> Ledger:
     """Stop the feeder of the running run (SIGTERM: a clean exit, which the supervisor does not
@@ -134,8 +144,9 @@ def drain(run_dir: Path, proc: subprocess.Popen[str], env: dict[str, str], polic
             raise AssertionError(f"the run exited ({proc.returncode}) while draining:\n{finish(proc, 10)[-4000:]}")
         feeders = component_pids(run_dir, "feed")
         for pid in feeders:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+            if catches_sigterm(pid):  # before that, SIGTERM kills it: a crash, restarted
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
         quiet = 0 if feeders else quiet + 1
         time.sleep(5)
         if quiet < 2:
