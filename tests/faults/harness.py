@@ -95,7 +95,7 @@ def restart_broker(data_dir: Path) -> str:
     """`astraflow broker start` on `data_dir` and its port: the clients reconnect by themselves."""
     port = int(broker_state(data_dir)["port"])
     out = subprocess.run([sys.executable, "-m", "astraflow.cli", "broker", "start", "--port", str(port),
-                          "--data-dir", str(data_dir)], capture_output=True, text=True, timeout=300,
+                          "--data-dir", str(data_dir), "--timeout", "900"], capture_output=True, text=True, timeout=960,
                          cwd=REPO, env=subprocess_env())
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout.strip().splitlines()[-1]
