@@ -113,10 +113,9 @@ def main() -> int:
             steps = max(steps, trainer_steps(run_dir, POLICY))
             print(f"[chaos] {time.time() - started:6.0f}s round {rnd + 1}/{args.rounds}: killed {', '.join(kinds)}; "
                   f"step {steps} after {recoveries[-1]:.0f}s", flush=True)
-            if rnd < args.rounds - 1:
-                supervisor_kill(proc, run_dir)
-                done["supervisor"] = done.get("supervisor", 0) + 1
-                proc = start_run(recipe, run_dir, env)
+            supervisor_kill(proc, run_dir)  # after the last round too: the drain runs on a resume
+            done["supervisor"] = done.get("supervisor", 0) + 1
+            proc = start_run(recipe, run_dir, env)
         if not stalls:  # a last stretch without faults, then the drain
             wait_steps(run_dir, POLICY, steps + 3, proc, args.stall_s)
             steps = max(steps, trainer_steps(run_dir, POLICY))
