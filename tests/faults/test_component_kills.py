@@ -60,13 +60,16 @@ def test_each_component_and_the_supervisor_killed_mid_run_lose_and_duplicate_not
         assert time.monotonic() < deadline, "components outlived their SIGKILLed supervisor by 120 s"
         time.sleep(0.5)
 
-    faulty = env | {TRAINER_ENV: "mid_step:4,mid_checkpoint:6,mid_publication:8",
+    # the stopped trainer checkpointed its last step; the failpoints come after it, whatever it was
+    at = max(int(p.name.split("-")[1]) for p in (run_dir / "trainer" / "solver" / "checkpoints").glob("step-*"))
+    points = {"mid_step": at + 2, "mid_checkpoint": at + 4, "mid_publication": at + 6}
+    faulty = env | {TRAINER_ENV: ",".join(f"{k}:{v}" for k, v in points.items()),
                     "ASTRAFLOW_FEEDER_FAILPOINT": "after_publish:10", "ASTRAFLOW_STREAMS_FAILPOINT": "mid_emit:8"}
     second = start_run(recipe, run_dir, faulty)
     try:
-        wait_steps(run_dir, "solver", 5, second, 900)
+        wait_steps(run_dir, "solver", at + 3, second, 900)
         kill_component(run_dir, "worker")
-        wait_steps(run_dir, "solver", 12, second, 900)  # no stall: past every failpoint
+        wait_steps(run_dir, "solver", at + 10, second, 900)  # no stall: past every failpoint
         ledger = drain(run_dir, second, env, ["solver"], BATCH_GROUPS)
     finally:
         if second.poll() is None:
@@ -76,13 +79,13 @@ def test_each_component_and_the_supervisor_killed_mid_run_lose_and_duplicate_not
     assert "resuming arithmetic" in out
 
     fired = {p.name for p in (run_dir / "trainer" / "solver").glob("failpoint-*")}
-    assert fired == {"failpoint-mid_step-4", "failpoint-mid_checkpoint-6", "failpoint-mid_publication-8"}
+    assert fired == {f"failpoint-{k}-{v}" for k, v in points.items()}
     assert spawns(run_dir, "trainer-solver") >= 5, "two runs plus a restart per failpoint"
     for name in ("feeder", "streams", "worker-0"):
         assert spawns(run_dir, name) >= 3, f"{name} was not killed in the resumed run"
     assert ledger.problems(BATCH_GROUPS) == [], ledger.line()
     trained = ledger.policies["solver"].counts()["trained"]
-    assert trained >= 12 * BATCH_GROUPS, ledger.line()
+    assert trained >= (at + 10) * BATCH_GROUPS, ledger.line()
     # taken again after the run stopped: the same, nothing fed after the drain
     again = build(run_dir, settings_of(run_dir, env), ["solver"])
     assert again.problems(BATCH_GROUPS) == [] and again.to_json() | {"stream_drop_reasons": {}} == \
