@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 RECIPE ?= recipes/arithmetic.yaml
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-fast lint format bench
+.PHONY: help install demo test test-fast lint format bench chaos
 
 help: ## Show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -30,3 +30,6 @@ format: install ## Format with ruff
 
 bench: install ## Run the benchmarks in bench/
 	@PYTHONPATH=. $(PY) -m bench.run_all
+
+chaos: install ## Long fault injection: 10 SIGKILLs per component, supervisor and 2 broker restarts (~30 min)
+	@PYTHONPATH=. nice -n 10 $(PY) -m bench.chaos

@@ -124,18 +124,22 @@ class Publisher:
         self.settings = settings
         self.producer = make_producer(settings, **overrides)
         self._errors: list[str] = []
+        self.lost_lossy = 0  # records sent with lossy=True that were not delivered
         self._lock = threading.Lock()
         #: (full topic, partition) -> offset just past the last record the broker acknowledged
         self.acked_ends: dict[tuple[str, int], int] = {}
 
     def send(self, topic: str, record: Record, key: str | bytes | None = None,
              on_delivery: Callable[[Exception | None], None] | None = None,
-             known_policies: frozenset[str] | None = None) -> int:
-        """Produce `record` to the base topic `topic` (namespace applied). Returns its size in bytes."""
-        return self.send_raw(topic, encode(record, known_policies), key, on_delivery)
+             known_policies: frozenset[str] | None = None, lossy: bool = False) -> int:
+        """Produce `record` to the base topic `topic` (namespace applied). Returns its size in bytes.
+        A `lossy` record (metrics) that is not delivered is only counted in `lost_lossy`, never
+        raised by `flush()`: metrics that timed out while the broker restarted made every
+        component crash (or fail to stop) after the broker was back."""
+        return self.send_raw(topic, encode(record, known_policies), key, on_delivery, lossy)
 
     def send_raw(self, topic: str, value: bytes, key: str | bytes | None = None,
-                 on_delivery: Callable[[Exception | None], None] | None = None) -> int:
+                 on_delivery: Callable[[Exception | None], None] | None = None, lossy: bool = False) -> int:
         from confluent_kafka import KafkaException
 
         full = self.settings.topic(topic)
@@ -144,7 +148,10 @@ class Publisher:
             exc = DeliveryError(f"{full}: {err}") if err is not None else None
             if exc is not None:
                 with self._lock:
-                    self._errors.append(str(exc))
+                    if lossy:
+                        self.lost_lossy += 1
+                    else:
+                        self._errors.append(str(exc))
             else:
                 key_ = (full, msg.partition())
                 self.acked_ends[key_] = max(self.acked_ends.get(key_, 0), msg.offset() + 1)

@@ -38,6 +38,6 @@ class MetricsReporter:
             return False
         metric = Metric(component=self.component, id=self.instance_id, region=self.region, step=step,
                         time=now, values=clean)
-        self.publisher.send(self.TOPIC, metric, key=self.instance_id)
+        self.publisher.send(self.TOPIC, metric, key=self.instance_id, lossy=True)
         self._last = now
         return True

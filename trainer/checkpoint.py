@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,9 +100,11 @@ def _fsync_tree(path: Path) -> None:
     _fsync_dir(path)
 
 
-def save_checkpoint(root: Path, snap: Snapshot, model: Any, tokenizer: Any, keep: int = 2) -> Path:
+def save_checkpoint(root: Path, snap: Snapshot, model: Any, tokenizer: Any, keep: int = 2,
+                    before_rename: Callable[[], None] | None = None) -> Path:
     """Write the checkpoint of `snap` under `root` atomically and keep only the newest `keep`.
-    `model` gives only the config (its weights are taken from the snapshot)."""
+    `model` gives only the config (its weights are taken from the snapshot). `before_rename` runs
+    once the files are synced, before the rename makes them the checkpoint (fault injection)."""
     from safetensors.torch import save_file
 
     step, state = snap.step, snap.state
@@ -115,6 +118,8 @@ def save_checkpoint(root: Path, snap: Snapshot, model: Any, tokenizer: Any, keep
         (tmp / "optimizer.json").write_text(json.dumps(snap.optimizer_meta, indent=1))
         (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=1))
         _fsync_tree(tmp)
+        if before_rename is not None:
+            before_rename()
         if final.exists():  # only a leftover of a run whose later checkpoints were all lost
             shutil.rmtree(final)
         os.replace(tmp, final)

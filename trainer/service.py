@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from astraflow import failpoints
 from astraflow.config import Recipe
 from astraflow.config.kafka import KafkaSettings
 from astraflow.errors import AstraFlowError
@@ -285,6 +286,7 @@ class Trainer:
     def _train(self, batch: Batch | None, rows: Any, num_tokens: float, num_seqs: float) -> None:
         self.step += 1
         stats = self.engine.step(rows, self.step, num_tokens, num_seqs)
+        failpoints.hit(failpoints.TRAINER_ENV, "mid_step", self.step, self.home)
         if self.step % self.cfg.publish_every == 0:  # on every rank: the next steps score published weights
             self.engine.serving_published = True
         if batch is not None:  # the leader
@@ -337,6 +339,7 @@ class Trainer:
 
     def _write_version(self, snap: ckpt.Snapshot, version: int) -> None:
         event = self.store.publish(snap.model_state, version, step=snap.step)
+        failpoints.hit(failpoints.TRAINER_ENV, "mid_publication", snap.step, self.home)
         self._write_checkpoint(snap)
         self.publisher.send("weights", sign(self._progress(event, snap)), key=self.policy)
         self.publisher.flush()
@@ -372,7 +375,9 @@ class Trainer:
     def _write_checkpoint(self, snap: ckpt.Snapshot) -> None:
         self.publisher.flush()  # the dead letters of offsets this checkpoint records are acknowledged
         ckpt.save_checkpoint(self.home / "checkpoints", snap, self.engine.model, self.tokenizer,
-                             keep=self.cfg.keep_checkpoints)
+                             keep=self.cfg.keep_checkpoints,
+                             before_rename=lambda: failpoints.hit(failpoints.TRAINER_ENV, "mid_checkpoint",
+                                                                  snap.step, self.home))
         self.last_checkpoint = snap.step
         # committed by the trainer's thread: a commit from another thread while the consumer
         # polls hangs in confluent-kafka (seen here: it never returned)

@@ -165,6 +165,8 @@ class Supervisor:
                 assert c.proc is not None
                 try:
                     c.exit_code = c.proc.wait(timeout=max(0.1, deadline - time.time()))
+                    if c.exit_code == -signal.SIGTERM:  # ours, before it installed its handler (starting up):
+                        c.exit_code = 0  # a clean stop, not a failure (the run exited 1 for it)
                 except subprocess.TimeoutExpired:
                     self.on_event(f"{c.name} did not stop in {c.stop_timeout_s:.0f}s; killing it")
                     with contextlib.suppress(ProcessLookupError):
