@@ -123,7 +123,7 @@ def lost_segments(nbytes: int, loss: float, rng: random.Random) -> bool:
 class _Pipe:
     """One direction of one connection: reads chunks, delivers each at its due time, in order."""
 
-    def __init__(self, link: Link, rng: random.Random, counter: RouteStats, up: bool, start_at: float) -> None:
+    def __init__(self, link: Link, rng: random.Random, counter: RouteStats, up: bool, ready_at: float) -> None:
         self.link = link
         self.rng = rng
         self.counter = counter
@@ -132,11 +132,12 @@ class _Pipe:
         self.held = 0
         self.room = asyncio.Event()
         self.room.set()
-        self.last_due = start_at
+        self.ready_at = ready_at  # nothing is sent before the (simulated) handshake is over
+        self.last_due = 0.0
 
     def due(self, nbytes: int) -> float:
         link = self.link
-        due = time.monotonic() + (link.delay_ms + self.rng.uniform(0, link.jitter_ms)) / 1000
+        due = max(time.monotonic(), self.ready_at) + (link.delay_ms + self.rng.uniform(0, link.jitter_ms)) / 1000
         if lost_segments(nbytes, link.loss, self.rng):
             self.counter.stalls += 1
             due += link.stall_s()
@@ -203,7 +204,7 @@ class LinkProxy:
         counter.connections += 1
         counter.open += 1
         # the handshake a real link would cost: the client's first bytes arrive one round trip later
-        start_at = time.monotonic() + 2 * self.link.delay_ms / 1000
+        accepted = time.monotonic()
         try:
             t_reader, t_writer = await asyncio.open_connection(*route.target)
         except OSError:
@@ -211,8 +212,8 @@ class LinkProxy:
             counter.open -= 1
             c_writer.close()
             return
-        up = _Pipe(self.link, self.rng, counter, True, start_at)
-        down = _Pipe(self.link, self.rng, counter, False, start_at)
+        up = _Pipe(self.link, self.rng, counter, True, accepted + 2 * self.link.delay_ms / 1000)
+        down = _Pipe(self.link, self.rng, counter, False, accepted)
         try:
             await asyncio.gather(up.read(c_reader), up.write(t_writer), down.read(t_reader), down.write(c_writer))
         finally:

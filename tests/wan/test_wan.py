@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from astraflow.net.linkproxy import Link
-from astraflow.net.regions import NetnsError, Region, check_support
+from astraflow.net.regions import NetnsError, Region
 from tests.e2e.helpers import finish, recipe_copy, start_run, summary, wait_for
 from tests.wan.helpers import TINY, wan_site, worker_metrics
 
@@ -27,13 +27,12 @@ STEPS = 4
 
 
 def test_a_regions_workers_train_a_recipe_across_a_slow_link(tmp_path: Path) -> None:
+    region = Region("eu", LINK, rate_mbit=100)
     try:
-        check_support()
-        ctx = Region.create("eu", LINK, rate_mbit=100)
-        region = ctx.__enter__()
-    except NetnsError as exc:
-        pytest.fail(f"the WAN test needs network namespaces and could not make one: {exc}")
-    try:
+        try:
+            region.up()
+        except NetnsError as exc:
+            pytest.fail(f"the WAN test needs network namespaces and could not make one: {exc}")
         with wan_site(region, tmp_path / "kafka") as site:
             namespace = f"wan{uuid.uuid4().hex[:8]}"
             recipe = recipe_copy("arithmetic", tmp_path, model=TINY, worker={"count": 0, "max_episodes": 8},
