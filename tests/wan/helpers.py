@@ -75,9 +75,12 @@ def wan_site(region: Region, data_dir: Path) -> Iterator[WanSite]:
         listener: f"{region.host_ip}:{kafka_port}=127.0.0.1:{kafka_port}"})
     try:
         stats = data_dir / f"link-{region.name}.json"
-        region.start_proxy([kafka_port, http_port], stats, log=data_dir / f"link-{region.name}.log",
-                           env=subprocess_env())
-        yield WanSite(region, state.bootstrap, kafka_port, http_port, stats)
+        proxy = region.start_proxy([kafka_port, http_port], stats, log=data_dir / f"link-{region.name}.log",
+                                   env=subprocess_env())
+        try:
+            yield WanSite(region, state.bootstrap, kafka_port, http_port, stats)
+        finally:
+            region.stop(proxy)
     finally:
         broker.stop(data_dir)
 
