@@ -149,7 +149,8 @@ def run_case(case: str, region: Region, tmp: Path, args: argparse.Namespace) -> 
                 result["weights_bytes_per_version"] = round(weights_down / max(1, applied))
                 kafka = result["link"]["kafka"]
                 result["kafka_bytes_per_step"] = {d: round(kafka[d] / args.steps) for d in ("up", "down")}
-                result["late_joiner"] = late_joiner(start_worker, logs[1], site)
+            result["late_joiner"] = late_joiner(start_worker, logs[1], site)
+            if in_region:
                 result["partition"] = partition(region, run_dir, proc, logs, args.partition_s)
             result["store"] = store_sizes(run_dir)
             result["workers_alive"] = [w.poll() is None for w in workers]
@@ -184,7 +185,9 @@ def late_joiner(start_worker: Any, log: Path, site: Any) -> dict[str, Any]:
         w, a = log_times(log, r"now at weight version"), log_times(log, r"assigned \[")
         weights = w[0] if w else None
         assigned = a[0] if a else None
-    return {"to_current_weights_s": round(weights - started, 1) if weights else None,
+    up = log_times(log, r"consuming")  # caught up with the weights topic, subscribing to tasks
+    return {"to_consuming_s": round(up[0] - started, 1) if up else None,
+            "to_current_weights_s": round(weights - started, 1) if weights else None,
             "to_first_assignment_s": round(assigned - started, 1) if assigned else None,
             "weights_bytes_while_joining": site.link_bytes()["weights"]["down"] - before}
 

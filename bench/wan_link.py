@@ -81,8 +81,8 @@ def probe(host: str, port: int, pings: int = 30, bulk_bytes: int = 16 << 20) -> 
     bulk.close()
     rtts.sort()
     return {"connect_and_first_reply_ms": round(first * 1000, 1),
-            "rtt_ms_median": round(statistics.median(rtts) * 1000, 1),
-            "rtt_ms_p90": round(rtts[int(0.9 * (len(rtts) - 1))] * 1000, 1),
+            "rtt_ms_median": round(statistics.median(rtts) * 1000, 2),
+            "rtt_ms_p90": round(rtts[int(0.9 * (len(rtts) - 1))] * 1000, 2),
             "rtt_ms_max": round(rtts[-1] * 1000, 1),
             "bulk_mbit_s": round(got * 8 / secs / 1e6, 2), "bulk_bytes": got}
 
