@@ -33,7 +33,7 @@ from typing import Any
 
 from astraflow.net.linkproxy import Link
 from astraflow.net.regions import Region
-from bench import wan_link
+from bench import wanlink
 from bench.machine import describe
 from tests.conftest import subprocess_env
 from tests.e2e.helpers import recipe_copy, start_run
@@ -231,12 +231,12 @@ def main() -> None:
 
 
 def measure_link(region: Region, tmp: Path) -> list[dict[str, Any]]:
-    listener, port = wan_link.serve(region.host_ip)
+    listener, port = wanlink.serve(region.host_ip)
     stats = tmp / "probe-link.json"
     proxy = region.start_proxy([port], stats, log=tmp / "probe-link.log", env=subprocess_env())
     try:
         out = tmp / "probe.jsonl"
-        client = region.popen([sys.executable, "-m", "bench.wan_link", "127.0.0.1", str(port), region.host_ip,
+        client = region.popen([sys.executable, "-m", "bench.wanlink", "127.0.0.1", str(port), region.host_ip,
                                str(port)], env=subprocess_env(), log=out)
         client.wait(600)
         rows = [json.loads(line) for line in out.read_text().splitlines() if line.startswith("{")]
