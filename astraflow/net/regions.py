@@ -38,7 +38,7 @@ from pathlib import Path
 from astraflow.errors import AstraFlowError
 from astraflow.net.linkproxy import Link
 
-SUBNETS = ipaddress.ip_network("10.213.0.0/16")
+SUBNETS = ipaddress.IPv4Network("10.213.0.0/16")
 
 
 class NetnsError(AstraFlowError):
