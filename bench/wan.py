@@ -95,6 +95,16 @@ def store_sizes(run_dir: Path) -> dict[str, float]:
     return {"snapshot_bytes": max(snaps, default=0), "delta_bytes_mean": round(sum(deltas) / max(1, len(deltas)))}
 
 
+def fetched_files(run_dir: Path) -> dict[str, float]:
+    """What the workers' shared cache holds: every weight file fetched, each once."""
+    sizes = [p.stat().st_size for p in (run_dir / "cache" / "weights").glob("*") if not p.name.endswith(".part")]
+    snapshot = store_sizes(run_dir)["snapshot_bytes"]
+    deltas = [s for s in sizes if s != snapshot and s >= 1000]
+    return {"files": len(sizes), "bytes": sum(sizes), "snapshots": sum(s == snapshot for s in sizes),
+            "deltas": len(deltas), "delta_bytes_mean": round(sum(deltas) / max(1, len(deltas))),
+            "empty_deltas": sum(s < 1000 for s in sizes)}
+
+
 def run_case(case: str, region: Region, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     in_region = case.startswith("region")
     result: dict[str, Any] = {"case": case}
@@ -153,6 +163,7 @@ def run_case(case: str, region: Region, tmp: Path, args: argparse.Namespace) -> 
             if in_region:
                 result["partition"] = partition(region, run_dir, proc, logs, args.partition_s)
             result["store"] = store_sizes(run_dir)
+            result["fetched_files"] = fetched_files(run_dir)
             result["workers_alive"] = [w.poll() is None for w in workers]
         finally:
             for w in workers:
@@ -182,7 +193,7 @@ def late_joiner(start_worker: Any, log: Path, site: Any) -> dict[str, Any]:
     weights = assigned = None
     while time.time() < deadline and (weights is None or assigned is None):
         time.sleep(1)
-        w, a = log_times(log, r"now at weight version"), log_times(log, r"assigned \[")
+        w, a = log_times(log, r"now at weight version"), log_times(log, r"assigned \[\d")
         weights = w[0] if w else None
         assigned = a[0] if a else None
     up = log_times(log, r"consuming")  # caught up with the weights topic, subscribing to tasks
@@ -203,7 +214,7 @@ def partition(region: Region, run_dir: Path, proc: subprocess.Popen[str], logs: 
     resumed = wait_step(run_dir, step_heal + 1, 600, proc)
     time.sleep(5)
     revoked = [t for log in logs for t in log_times(log, r"revoked") if t > cut]
-    assigned = [t for log in logs for t in log_times(log, r"assigned \[") if t > cut]
+    assigned = [t for log in logs for t in log_times(log, r"assigned \[\d") if t > cut]
     return {"seconds": secs, "steps_during": step_heal - step0,
             "heal_to_next_step_s": round(resumed - healed, 1) if resumed else None,
             "rebalances_after_cut": {"revoked": len(revoked), "assigned": len(assigned)},
