@@ -20,6 +20,7 @@ the trainer serves weights over HTTP, both reached only through the proxy. Repor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import signal
@@ -49,10 +50,6 @@ def trainer_rows(run_dir: Path) -> list[dict[str, Any]]:
         return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [r for r in rows if r.get("id") == "trainer.solver" and r.get("step", -1) >= 0]
-
-
-def step_now(run_dir: Path) -> int:
-    return max((r["step"] for r in trainer_rows(run_dir)), default=0)
 
 
 def wait_step(run_dir: Path, step: int, timeout: float, proc: subprocess.Popen[str]) -> float | None:
@@ -204,21 +201,28 @@ def late_joiner(start_worker: Any, log: Path, site: Any) -> dict[str, Any]:
 
 
 def partition(region: Region, run_dir: Path, proc: subprocess.Popen[str], logs: list[Path], secs: float) -> dict[str, Any]:
-    step0 = step_now(run_dir)
+    """Cut the region off for `secs`; then the trainer's steps during the cut and after the heal (from
+    the trainer's own step times, which reach metrics.jsonl late), and the workers' rebalances."""
     cut = time.time()
     region.partition()
     time.sleep(secs)
     region.heal()
     healed = time.time()
-    step_heal = step_now(run_dir)
-    resumed = wait_step(run_dir, step_heal + 1, 600, proc)
-    time.sleep(5)
-    revoked = [t for log in logs for t in log_times(log, r"revoked") if t > cut]
-    assigned = [t for log in logs for t in log_times(log, r"assigned \[\d") if t > cut]
-    return {"seconds": secs, "steps_during": step_heal - step0,
-            "heal_to_next_step_s": round(resumed - healed, 1) if resumed else None,
-            "rebalances_after_cut": {"revoked": len(revoked), "assigned": len(assigned)},
-            "first_assignment_after_heal_s": round(min(assigned) - healed, 1) if assigned else None}
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not any(r["time"] > healed for r in trainer_rows(run_dir)):
+        if proc.poll() is not None:
+            break
+        time.sleep(1)
+    time.sleep(10)  # rebalances after the heal
+    times = sorted(r["time"] for r in trainer_rows(run_dir))
+    after = [t for t in times if t > healed]
+    events = sorted((round(t - cut, 1), f"w{i} {kind}") for i, log in enumerate(logs)
+                    for kind, pattern in (("revoked", r"revoked \[\d"), ("assigned", r"assigned \[\d"))
+                    for t in log_times(log, pattern) if t > cut - 5)
+    return {"seconds": secs, "steps_during": sum(cut <= t <= healed for t in times),
+            "heal_to_next_step_s": round(after[0] - healed, 1) if after else None,
+            "steps_in_60s_after_heal": sum(healed < t <= healed + 60 for t in times),
+            "rebalance_events_s_from_cut": events}
 
 
 def main() -> None:
@@ -226,14 +230,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--partition-s", type=float, default=30.0)
     parser.add_argument("--cases", default="local,region-wan,region-default")
+    parser.add_argument("--no-link-probe", action="store_true")
     parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
+    parser.add_argument("--keep", type=Path, default=None, help="work in this directory and keep it (logs, runs)")
     args = parser.parse_args()
     print(f"machine: {describe()}", flush=True)
     results: dict[str, Any] = {"machine": describe(), "link_spec": {**LINK.__dict__, "rate_mbit": RATE_MBIT}}
-    with tempfile.TemporaryDirectory(prefix="bench-wan-") as tmpdir, Region.create("far", LINK, RATE_MBIT) as region:
+    if args.keep:
+        args.keep.mkdir(parents=True)
+    with (contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory(prefix="bench-wan-")
+          ) as tmpdir, Region.create("far", LINK, RATE_MBIT) as region:
         tmp = Path(tmpdir)
-        results["link"] = measure_link(region, tmp)
-        print(json.dumps(results["link"], indent=1), flush=True)
+        if not args.no_link_probe:
+            results["link"] = measure_link(region, tmp)
+            print(json.dumps(results["link"], indent=1), flush=True)
         for case in args.cases.split(","):
             results[case] = run_case(case, region, tmp, args)
             print(json.dumps(results[case], indent=1), flush=True)
