@@ -213,7 +213,7 @@ def partition(region: Region, run_dir: Path, proc: subprocess.Popen[str], logs: 
         if proc.poll() is not None:
             break
         time.sleep(1)
-    time.sleep(10)  # rebalances after the heal
+    time.sleep(max(10.0, healed + 60 - time.time()))  # the minute after the heal, rebalances included
     times = sorted(r["time"] for r in trainer_rows(run_dir))
     after = [t for t in times if t > healed]
     events = sorted((round(t - cut, 1), f"w{i} {kind}") for i, log in enumerate(logs)
