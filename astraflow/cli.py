@@ -63,6 +63,9 @@ def broker_start(
                                             "$ASTRAFLOW_HOME/cluster; --port is the first node's).")] = 1,
     secure: Annotated[bool, typer.Option("--secure", help="SASL_SSL (SCRAM-SHA-512) with a CA it makes, one user "
                                          "per component kind, ACLs enforced; credentials in DATA_DIR/secure.")] = False,
+    listener: Annotated[list[str] | None, typer.Option(
+        "--listener", help="An extra PLAINTEXT listener NAME=BIND_HOST:PORT=ADVERTISED_HOST:PORT, e.g. one per "
+                           "region, advertised at the address its clients reach it by (repeatable).")] = None,
 ) -> None:
     """Start the broker (or report the one already running) and print its bootstrap address."""
     from astraflow import broker
@@ -83,8 +86,12 @@ def broker_start(
         return
     heap = heap or "512m"
     try:
+        listeners = dict(spec.split("=", 1) for spec in listener or [] if "=" in spec)
+        if len(listeners) != len(listener or []):
+            raise fail("--listener takes NAME=BIND_HOST:PORT[=ADVERTISED_HOST:PORT]")
         state = broker.start(port=port, data_dir=data_dir, heap=heap, timeout=timeout,
-                             progress=lambda m: console.print(m, highlight=False), secured=secure)
+                             progress=lambda m: console.print(m, highlight=False), secured=secure,
+                             listeners=listeners)
     except AstraFlowError as exc:
         raise fail(str(exc)) from None
     console.print(f"Kafka {broker.kafka_version()} is up (PID {state.pid}); log: {state.log_file}", highlight=False)

@@ -196,7 +196,7 @@ def log_tail(path: Path, lines: int = 30) -> str:
 
 def _server_properties(data_dir: Path, port: int, controller_port: int, node_id: int = 1,
                        voters: str | None = None, replicas: int = 1,
-                       passwords: dict[str, str] | None = None) -> str:
+                       passwords: dict[str, str] | None = None, listeners: dict[str, str] | None = None) -> str:
     """A combined broker+controller node. One node by default; a cluster (astraflow/broker/cluster.py)
     passes each node its id, the static voter set of every node, and `replicas` for the internal
     topics (consumer offsets, transactions, share groups), kept at min ISR replicas - 1. With
@@ -236,7 +236,23 @@ def _server_properties(data_dir: Path, port: int, controller_port: int, node_id:
     }
     if passwords is not None:
         props.update(secure.server_properties(data_dir, port, controller_port, passwords))
+    for name, spec in (listeners or {}).items():
+        bind, advertised = _listener(name, spec)
+        props["listeners"] += f",{name}://{bind}"
+        props["advertised.listeners"] += f",{name}://{advertised}"
+        props["listener.security.protocol.map"] += f",{name}:PLAINTEXT"
     return "".join(f"{k}={v}\n" for k, v in props.items())
+
+
+def _listener(name: str, spec: str) -> tuple[str, str]:
+    """`BIND_HOST:PORT=ADVERTISED_HOST:PORT` of an extra PLAINTEXT listener (one per region, whose
+    clients must be told an address on their side of the link: astraflow.net.regions)."""
+    bind, _, advertised = spec.partition("=")
+    if not re.fullmatch(r"[A-Z][A-Z0-9_]*", name) or name in ("PLAINTEXT", "CONTROLLER", "SASL_SSL"):
+        raise BrokerError(f"listener name {name!r}: use upper-case letters, digits and _, not a built-in name")
+    if not re.fullmatch(r"[^:=]+:\d+", bind) or not re.fullmatch(r"[^:=]+:\d+", advertised or bind):
+        raise BrokerError(f"listener {name}={spec!r}: expected BIND_HOST:PORT[=ADVERTISED_HOST:PORT]")
+    return bind, advertised or bind
 
 
 def _ready(bootstrap: str, timeout: float, data_dir: Path | None = None, is_secure: bool = False) -> bool:
@@ -274,12 +290,13 @@ def secure_client_config(data_dir: Path, kind: str) -> dict[str, Any]:
 
 def start(port: int = 9092, data_dir: Path | None = None, heap: str = "512m", timeout: float = 180.0,
           progress: Callable[[str], None] = lambda _: None, die_with_parent: bool = False,
-          secured: bool = False) -> BrokerState:
+          secured: bool = False, listeners: dict[str, str] | None = None) -> BrokerState:
     """Start a broker (or return the one already running in `data_dir`). `port=0` picks a free port.
     With `die_with_parent`, the JVM gets SIGTERM if the calling process dies (`astraflow run`).
     With `secured`, the client listener is SASL_SSL (SCRAM-SHA-512) and ACLs are enforced; the CA,
     certificates and credentials are made in `data_dir/secure` (see `astraflow.broker.secure`). A data
-    directory formatted one way cannot be started the other way."""
+    directory formatted one way cannot be started the other way. `listeners` adds PLAINTEXT listeners,
+    name -> `BIND_HOST:PORT=ADVERTISED_HOST:PORT`, e.g. one per simulated region."""
     data_dir = (data_dir or default_data_dir()).expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     with _file_lock(data_dir / ".lock"):
@@ -306,12 +323,15 @@ def start(port: int = 9092, data_dir: Path | None = None, heap: str = "512m", ti
         logs = data_dir / "logs"
         logs.mkdir(exist_ok=True)
         passwords = None
+        if secured and listeners:
+            raise BrokerError("extra listeners are PLAINTEXT and a secured broker takes none")
         if secured:
             secure.make_certificates(secure.secure_dir(data_dir))
             passwords = secure.ensure_credentials(data_dir)
         props = data_dir / "server.properties"
         # it holds the broker user's password in its JAAS config
-        secure._write_private(props, _server_properties(data_dir, port, controller_port, passwords=passwords))
+        secure._write_private(props, _server_properties(data_dir, port, controller_port, passwords=passwords,
+                                                          listeners=listeners))
         cluster_id = _format_storage(java, libs, data_dir, props, state, passwords=passwords)
         log_file = logs / "kafka.log"
         cmd = [java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",

@@ -29,6 +29,7 @@ ENV_FIELDS = {
     "SSL_VERIFY_HOSTNAME": "ssl_verify_hostname",
     "REGION": "region",
     "CLIENT_ID": "client_id",
+    "WAN": "wan",
 }
 
 

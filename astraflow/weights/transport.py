@@ -14,6 +14,8 @@ abandoned as soon as it runs past that size, and the sha256 is computed while th
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import http.client
 import io
@@ -25,6 +27,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -129,22 +132,45 @@ def _read_http(uri: str, sha256: str, cache_dir: Path | None, cap: int, attempts
                 return data, sha256
             final.unlink()  # a damaged cache entry is not the server's fault: fetch again
         part = cache_dir / f"{sha256}.part"
-        try:
-            with open(part, "ab+") as fh:
+        with _locked(part) as fh:
+            if final.exists() and sha256_of(data := final.read_bytes()) == sha256:
+                part.unlink()  # another worker fetched it while this one waited
+                return data, sha256
+            try:
                 digest = _download(uri, fh, attempts, timeout, cap)
                 fh.seek(0)
                 data = fh.read()
-        except WeightIntegrityError:
-            part.unlink(missing_ok=True)  # an oversized body is not worth resuming
-            raise
-        if digest != sha256:
-            part.unlink(missing_ok=True)  # the caller raises the integrity error
-        else:
-            os.replace(part, final)
-        return data, digest
+            except WeightIntegrityError:
+                part.unlink(missing_ok=True)  # an oversized body is not worth resuming
+                raise
+            if digest != sha256:
+                part.unlink(missing_ok=True)  # the caller raises the integrity error
+            else:
+                os.replace(part, final)
+            return data, digest
     buf = io.BytesIO()
     digest = _download(uri, buf, attempts, timeout, cap)
     return buf.getvalue(), digest
+
+
+@contextlib.contextmanager
+def _locked(part: Path) -> Iterator[BinaryIO]:
+    """`part` opened for appending and locked. Workers of one host share a cache (`<run dir>/cache/
+    weights`): one downloads a file while the others wait, instead of all appending to one `.part`
+    and racing to rename it (seen with two workers of a simulated region). The file is reopened if
+    the holder before renamed or removed it while this one waited."""
+    while True:
+        fh = open(part, "ab+")  # noqa: SIM115 - closed below or by the caller's with
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            current = os.stat(part).st_ino == os.fstat(fh.fileno()).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            break
+        fh.close()
+    with fh:
+        yield fh
 
 
 def _download(uri: str, fh: BinaryIO, attempts: int, timeout: float, cap: int = MAX_UNSIZED_BYTES) -> str:
