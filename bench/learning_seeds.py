@@ -38,6 +38,8 @@ from typing import Any
 
 import yaml
 
+from bench.machine import describe
+
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = REPO / "recipes"
 RISE_P = 0.05
@@ -232,9 +234,10 @@ def main(argv: list[str] | None = None) -> None:
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     results = sweep(args.recipes, seeds, args.steps, args.out, args.bootstrap)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "learning_seeds.json").write_text(json.dumps({"results": results, "tally": tally(results),
-                                                              "steps": args.steps}, indent=2))
-    table = markdown(results)
+    machine = describe()
+    (args.out / "learning_seeds.json").write_text(json.dumps({"machine": machine, "results": results,
+                                                              "tally": tally(results), "steps": args.steps}, indent=2))
+    table = f"machine: {machine}\nsteps: {args.steps or 'each recipe its own'}\n\n" + markdown(results)
     (args.out / "learning_seeds.md").write_text(table)
     print(table)
 

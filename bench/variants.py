@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from bench.learning_seeds import RECIPES, REPO, run_recipe, seeded, set_key
+from bench.machine import describe
 
 
 def run_stats(run_dir: Path, summary: dict[str, Any], policy: str) -> dict[str, Any]:
@@ -122,9 +123,11 @@ def cli(argv: list[str] | None = None, recipe: str | None = None, key: str | Non
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     rows = compare(args.recipe, args.key, [parse_value(v) for v in args.values.split(",")], seeds, args.steps, out,
                    args.bootstrap, args.policy, {k: parse_value(v) for k, v in extra.items()})
-    text = table(args.key, rows)
+    machine = describe()
+    text = f"machine: {machine}\n{args.recipe}, {args.steps or 'recipe'} steps, seeds {seeds}\n\n" + table(args.key, rows)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(rows, indent=2))
+    (out / f"{name}.json").write_text(json.dumps({"machine": machine, "recipe": args.recipe, "key": args.key,
+                                                  "steps": args.steps, "rows": rows}, indent=2))
     (out / f"{name}.md").write_text(text)
     print(text)
 
