@@ -107,3 +107,12 @@ def test_run_stats_read_lags_stale_drops_and_mismatch(tmp_path: Path) -> None:
     text = variants.table("trainer.order", [{"value": "edf", "seed": 0, **got}, {"value": "edf", "seed": 1, **got}])
     assert "| edf | 0 | 20 | 0.075 | 0.975 | 0.975 | 20 (5.0%) | 0.75 / 0.25 | 0.25 | 0.1050 | 2.0 |" in text
     assert "| edf | 2 | 0.075 | 0.975 | 0.975 | 5.0% | 0.25 | 0.1050 |" in text
+
+
+def test_the_queue_model_runs_the_trainers_buffer_deterministically() -> None:
+    from bench.batch_order import simulate
+
+    fifo, edf = simulate("fifo", 0, steps=40), simulate("edf", 0, steps=40)
+    assert simulate("edf", 0, steps=40) == edf
+    for got in (fifo, edf):
+        assert 0 <= got["stale_share"] < 1 and 0 <= got["lag_mean"] <= 2 and 0 < got["versions"] <= 40
