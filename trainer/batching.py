@@ -5,8 +5,14 @@ Pure Python, no Kafka and no torch, so every rule here is unit-tested directly:
 - A group is complete when it holds `group_samples` distinct traj_ids (the count streams sent to
   this policy's topic). A repeated traj_id is a duplicate; a sample of a group already trained
   (remembered by group_id, in a bounded window saved with each checkpoint) is a duplicate too.
-- Complete groups queue in completion order; a batch takes up to `batch_groups` of them, or fewer
-  when the next would exceed the token budget.
+- Complete groups queue; a batch takes up to `batch_groups` of them, or fewer when the next would
+  exceed the token budget. `trainer.order` picks which come first: `fifo`, completion order;
+  `edf`, earliest deadline first, where a sample's deadline is its oldest version + max_staleness
+  (the last trainer version that may still train it) and a group's is the earliest deadline among
+  its samples not yet past theirs, ties in completion order. Under `edf` a group whose every sample
+  is already past its deadline is dropped (counted stale, as it would be in any order) without
+  taking a place in the batch. Versions only grow, so a queued group's deadline is never later
+  than that of a group rolled out after it: nothing waits forever.
 - Staleness is judged when a batch is formed: lag = trainer version - oldest version among the
   sample's generated tokens; samples past `max_staleness` are dropped and counted, the others of
   their group still train.
@@ -18,10 +24,11 @@ Pure Python, no Kafka and no torch, so every rule here is unit-tested directly:
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from astraflow.records import Sample
 
@@ -36,10 +43,21 @@ class Group:
     expected: int
     samples: dict[str, Sample] = field(default_factory=dict)
     offsets: list[tuple[int, int]] = field(default_factory=list)  # (partition, offset)
+    oldest: list[float] = field(default_factory=list)
+    """Each sample's oldest version, ascending (inf: no generated tokens, never stale); set when the
+    group completes."""
 
     @property
     def tokens(self) -> int:
         return sum(len(s.tokens) for s in self.samples.values())
+
+    def deadline(self, version: int, max_staleness: int) -> float:
+        """The earliest deadline (oldest version + max_staleness) among the samples still trainable
+        at `version`; -inf when every sample is already past its deadline."""
+        for v in self.oldest:
+            if v + max_staleness >= version:
+                return v + max_staleness
+        return -math.inf
 
 
 @dataclass
@@ -68,12 +86,19 @@ def lag_of(sample: Sample, version: int) -> int:
     return max(version - oldest, 0) if oldest >= 0 else 0
 
 
+Order = Literal["fifo", "edf"]
+ORDERS: tuple[Order, ...] = ("fifo", "edf")
+
+
 class GroupBuffer:
     """Collects one policy's samples into complete groups and hands out batches."""
 
-    def __init__(self, policy: str, dedupe_window: int = 100_000) -> None:
+    def __init__(self, policy: str, dedupe_window: int = 100_000, order: Order = "fifo") -> None:
+        if order not in ORDERS:
+            raise ValueError(f"unknown batch order {order!r}; known: {', '.join(ORDERS)}")
         self.policy = policy
         self.dedupe_window = dedupe_window
+        self.order = order
         self.trained: OrderedDict[str, int] = OrderedDict()  # group_id -> step it was trained in
         self.pending: dict[str, Group] = {}
         self.ready: deque[str] = deque()
@@ -111,6 +136,8 @@ class GroupBuffer:
         heapq.heappush(self._waiting.setdefault(partition, []), offset)
         self.counts["samples.in"] += 1
         if len(group.samples) == group.expected:
+            versions = (s.min_version() for s in group.samples.values())
+            group.oldest = sorted(v if v >= 0 else math.inf for v in versions)
             self.ready.append(gid)
             self.counts["groups.complete"] += 1
             return "complete"
@@ -125,21 +152,28 @@ class GroupBuffer:
     def take(self, max_groups: int, max_tokens: int | None, version: int, max_staleness: int) -> Batch | None:
         """The next batch, or None while not enough complete groups are queued."""
         chosen: list[str] = []
+        expired: list[str] = []  # edf only: every sample past its deadline, dropped in passing
         tokens = 0
-        for gid in self.ready:
-            size = self.pending[gid].tokens
+        closed = False
+        for gid in self._queue(version, max_staleness):
+            group = self.pending[gid]
+            if self.order == "edf" and group.deadline(version, max_staleness) == -math.inf:
+                expired.append(gid)
+                continue
+            size = group.tokens
             if max_tokens is not None and chosen and tokens + size > max_tokens:
+                closed = True
                 break
             chosen.append(gid)
             tokens += size
             if len(chosen) == max_groups:
+                closed = True
                 break
-        else:  # ran out of queued groups without closing the batch
-            if max_tokens is None or tokens < max_tokens or not chosen:
-                return None
-        groups = []
-        for _ in chosen:
-            groups.append(self.pending[self.ready.popleft()])
+        if not closed and (max_tokens is None or tokens < max_tokens or not chosen):
+            return None  # ran out of queued groups without closing the batch
+        taken = {*expired, *chosen}
+        self.ready = deque(gid for gid in self.ready if gid not in taken)
+        groups = [self.pending[gid] for gid in (*expired, *chosen)]
         kept, lags, stale = [], [], []
         for g in groups:
             for s in g.samples.values():
@@ -151,6 +185,13 @@ class GroupBuffer:
                     lags.append(lag)
         self.counts["samples.stale"] += len(stale)
         return Batch(groups, kept, lags, stale)
+
+    def _queue(self, version: int, max_staleness: int) -> list[str]:
+        """Queued group ids in the order batches take them (sorted() is stable: ties stay in
+        completion order)."""
+        if self.order == "fifo":
+            return list(self.ready)
+        return sorted(self.ready, key=lambda gid: self.pending[gid].deadline(version, max_staleness))
 
     def done(self, batch: Batch, step: int) -> None:
         """The batch was trained at `step` (or dropped): remember its groups, release offsets."""

@@ -99,7 +99,7 @@ class Trainer:
         self.stop_requested = False
         self.step = self.version = self.batches = self.last_checkpoint = 0
         self.wait_s = 0.0  # seconds with no batch to train (the scaling advice reads it)
-        self.buffer = GroupBuffer(policy, self.cfg.dedupe_window)
+        self.buffer = GroupBuffer(policy, self.cfg.dedupe_window, self.cfg.order)
         self.publications = BackgroundJob(f"publish-{policy}")
         self._uncommitted: dict[str, int] | None = None  # offsets of the last checkpoint, to commit
         self._setup_model()

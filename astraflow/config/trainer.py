@@ -115,6 +115,11 @@ class TrainerConfig(StrictModel):
     batch_tokens: int | None = Field(default=None, ge=1)
     """Token budget per step: a batch also closes when the next group would exceed it (a batch
     always holds at least one group)."""
+    order: Literal["fifo", "edf"] = "fifo"
+    """Which complete groups a batch takes first: `fifo`, in the order they completed; `edf`,
+    earliest deadline first, the deadline of a sample being its oldest version + max_staleness,
+    so the samples closest to going stale train first (groups already wholly stale are dropped
+    without taking a place). See trainer/batching.py."""
     micro_batch_tokens: int = Field(default=8192, ge=16)
     """Padded tokens per forward/backward pass; larger batches accumulate gradients."""
     publish_every: int = Field(default=1, ge=1)
