@@ -186,8 +186,8 @@ class KafkaReadError(AstraFlowError):
 
 
 #: librdkafka errors (KafkaError.name()) that retrying cannot cure: reading raises KafkaReadError
-DENIED = frozenset({"TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED",
-                    "SASL_AUTHENTICATION_FAILED", "_AUTHENTICATION"})
+DENIED = frozenset({"TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED",
+                    "CLUSTER_AUTHORIZATION_FAILED", "SASL_AUTHENTICATION_FAILED", "_AUTHENTICATION"})
 UNKNOWN = frozenset({"UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC", "_UNKNOWN_PARTITION"})
 
 

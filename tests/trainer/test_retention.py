@@ -12,7 +12,7 @@ import pytest
 
 from astraflow.config import KafkaSettings
 from trainer import retention
-from trainer.service import Trainer
+from trainer.intake import SampleIntake
 
 
 def test_gaps_are_where_the_low_watermark_passed_the_checkpoint() -> None:
@@ -36,12 +36,12 @@ class _Consumer:
 def test_the_trainer_warns_and_counts_at_setup(caplog: pytest.LogCaptureFixture) -> None:
     me = SimpleNamespace(consumer=_Consumer({0: 10, 1: 3}), topic="samples.p", partitions=[0, 1],
                          buffer=SimpleNamespace(counts=Counter({"samples.lost_to_retention": 5})))
-    with caplog.at_level(logging.WARNING, logger="trainer.service"):
-        Trainer._check_retention(me, {0: 4, 1: 3})  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="trainer.intake"):
+        SampleIntake.check_retention(me, {0: 4, 1: 3})  # type: ignore[arg-type]
     assert me.buffer.counts["samples.lost_to_retention"] == 11  # a running total across restarts
     assert "partition 0: offsets 4..9" in caplog.text and "6 samples" in caplog.text
     caplog.clear()
-    Trainer._check_retention(me, {0: 10, 1: 3})  # type: ignore[arg-type]
+    SampleIntake.check_retention(me, {0: 10, 1: 3})  # type: ignore[arg-type]
     assert me.buffer.counts["samples.lost_to_retention"] == 11 and not caplog.text
 
 
