@@ -212,6 +212,8 @@ class TopicReader:
     another (a broker away for a moment) is logged. `consumer` is the client, for the rest.
     """
 
+    missing_s = 30.0  # how long a subscribed topic may be unknown before that is fatal (a fresh one lags)
+
     def __init__(self, settings: KafkaSettings, topics: list[str] | tuple[str, ...] = (), *,
                  group: str | None = None, from_beginning: bool = False, **overrides: Any) -> None:
         self.settings = settings
@@ -231,7 +233,7 @@ class TopicReader:
             try:
                 meta = self.consumer.list_topics(topic, timeout=15).topics.get(topic)
                 if meta is not None and meta.error is not None and meta.error.name() in DENIED:
-                    raise KafkaReadError(f"{topic}: {meta.error.str()}")
+                    raise KafkaReadError(f"{topic}: {meta.error.str()} ({meta.error.name()})")
                 if meta is not None and meta.error is None and meta.partitions:
                     return {p: self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)[1]
                             for p in sorted(meta.partitions)}
@@ -257,16 +259,15 @@ class TopicReader:
         self.consumer.subscribe(self.topics, **callbacks)
 
     def check(self, msg: Any) -> bool:
-        """True for a message to process; a fatal error raises, another one is logged. An unknown
-        topic is fatal once it is still missing after `end_offsets`' wait (a fresh one may lag)."""
+        """True for a message to process; a fatal error raises, another one is logged."""
         err = msg.error()
         if err is None:
             return True
         where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
         if err.name() in UNKNOWN and msg.topic():
-            self.end_offsets(msg.topic())
+            self.end_offsets(msg.topic(), self.missing_s)
         elif err.fatal() or err.name() in DENIED:
-            raise KafkaReadError(f"consumer of {where}: {err.str()}")
+            raise KafkaReadError(f"consumer of {where}: {err.str()} ({err.name()})")
         if err.name() != "_PARTITION_EOF":
             log.warning("consumer of %s: %s", where, err.str())
         return False

@@ -69,7 +69,7 @@ class TrainerError(AstraFlowError):
 
 
 def run_dir_of(recipe: Recipe, run_dir: str | Path | None) -> Path:
-    return Path(run_dir) if run_dir is not None else Path(recipe.run.dir.replace("{name}", recipe.name))
+    return Path(run_dir) if run_dir is not None else recipe.run_dir
 
 
 def pick_device(name: str, local_rank: int) -> torch.device:
