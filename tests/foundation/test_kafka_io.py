@@ -21,24 +21,13 @@ from astraflow.kafka import (
 )
 from astraflow.records import DeadLetter, Trajectory, decode, encode
 from tests.foundation.test_records import make_traj, seed_records
+from tests.kafka_helpers import read_messages
 
 pytestmark = pytest.mark.broker
 
 
 def read_all(settings: KafkaSettings, topic: str, expect: int, timeout: float = 30.0) -> list:
-    with TopicReader(settings, [topic], group=f"reader-{time.time_ns()}",
-                     **{"enable.auto.commit": False}) as reader:
-        reader.subscribe()
-        got = []
-        deadline = time.monotonic() + timeout
-        while len(got) < expect and time.monotonic() < deadline:
-            msg = reader.poll(0.5)
-            if msg is not None:
-                got.append(msg)
-        extra = reader.poll(1.0)  # and nothing more arrives
-        if extra is not None:
-            got.append(extra)
-    return got
+    return read_messages(settings, topic, until=lambda got: len(got) >= expect, timeout=timeout, settle=1.0)
 
 
 def test_codec_records_read_back_with_a_plain_consumer(kafka: KafkaSettings, topics) -> None:  # type: ignore[no-untyped-def]

@@ -47,10 +47,10 @@ def test_the_trainer_warns_and_counts_at_setup(caplog: pytest.LogCaptureFixture)
 
 @pytest.mark.broker
 def test_low_watermarks_after_records_were_deleted(kafka: KafkaSettings, topics: Any) -> None:
-    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka import Producer, TopicPartition
     from confluent_kafka.admin import AdminClient
 
-    from astraflow.kafka import client_config, producer_config
+    from astraflow.kafka import client_config, make_consumer, producer_config
 
     topics(["policy"])
     name = kafka.topic("samples.policy")
@@ -61,7 +61,7 @@ def test_low_watermarks_after_records_were_deleted(kafka: KafkaSettings, topics:
     admin = AdminClient(client_config(kafka))
     for fut in admin.delete_records([TopicPartition(name, 0, 6)]).values():
         fut.result(30)
-    consumer = Consumer({**client_config(kafka), "group.id": "retention-probe", "enable.auto.commit": False})
+    consumer = make_consumer(kafka, "retention-probe", **{"enable.auto.commit": False})
     try:
         parts = sorted(consumer.list_topics(name, timeout=15).topics[name].partitions)
         lows = retention.low_watermarks(consumer, name, parts)
