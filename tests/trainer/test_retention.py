@@ -25,7 +25,7 @@ def test_gaps_are_where_the_low_watermark_passed_the_checkpoint() -> None:
         "read them (partition 1: offsets 50..79, partition 4: offsets 0..1); it resumes at the earliest offsets left")
 
 
-class _Consumer:
+class _Watermarks:
     def __init__(self, lows: dict[int, int]) -> None:
         self.lows = lows
 
@@ -34,7 +34,7 @@ class _Consumer:
 
 
 def test_the_trainer_warns_and_counts_at_setup(caplog: pytest.LogCaptureFixture) -> None:
-    me = SimpleNamespace(consumer=_Consumer({0: 10, 1: 3}), topic="samples.p", partitions=[0, 1],
+    me = SimpleNamespace(consumer=_Watermarks({0: 10, 1: 3}), topic="samples.p", partitions=[0, 1],
                          buffer=SimpleNamespace(counts=Counter({"samples.lost_to_retention": 5})))
     with caplog.at_level(logging.WARNING, logger="trainer.intake"):
         SampleIntake.check_retention(me, {0: 4, 1: 3})  # type: ignore[arg-type]
