@@ -91,6 +91,18 @@ def test_oversized_record_is_a_clear_error(kafka: KafkaSettings, topics) -> None
         pub.send_raw("trajectories", os.urandom(20 << 20))  # over the client's own limit
 
 
+def _take(reader: TopicReader, n: int, timeout: float = 30.0) -> list:
+    """Join the reader's group and poll until `n` messages came (or `timeout`)."""
+    reader.subscribe()
+    got: list = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < deadline:
+        msg = reader.poll(0.5)
+        if msg is not None:
+            got.append(msg)
+    return got
+
+
 def test_offsets_advance_only_past_processed_messages(kafka: KafkaSettings, topics) -> None:  # type: ignore[no-untyped-def]
     topics(["solver"])
     pub = Publisher(kafka)
@@ -98,25 +110,13 @@ def test_offsets_advance_only_past_processed_messages(kafka: KafkaSettings, topi
         pub.send_raw("metrics", f"m{i}".encode(), key=b"same-partition")
     pub.flush()
     with TopicReader(kafka, ["metrics"], group="alo") as first:
-        first.subscribe()
-        seen = []
-        deadline = time.monotonic() + 30
-        while len(seen) < 6 and time.monotonic() < deadline:
-            msg = first.poll(0.5)
-            if msg is not None:
-                seen.append(msg)
+        seen = _take(first, 6)
         assert [m.value() for m in seen] == [f"m{i}".encode() for i in range(6)]
         for msg in seen[:3]:  # the last three were "in flight" when this consumer went away
             first.consumer.store_offsets(message=msg)
         first.consumer.commit(asynchronous=False)
     with TopicReader(kafka, ["metrics"], group="alo") as second:
-        second.subscribe()
-        again = []
-        deadline = time.monotonic() + 30
-        while len(again) < 3 and time.monotonic() < deadline:
-            msg = second.poll(0.5)
-            if msg is not None:
-                again.append(msg.value())
+        again = [m.value() for m in _take(second, 3)]
     assert again == [b"m3", b"m4", b"m5"]
 
 
