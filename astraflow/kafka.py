@@ -1,8 +1,8 @@
 """Kafka client helpers shared by every component.
 
 - `producer_config` / `make_producer`: idempotent producers (acks=all, enable.idempotence).
-- `AtLeastOnceConsumer`: offsets are stored only after the caller says a message is processed,
-  so a crash re-delivers instead of losing; downstream dedupe by deterministic ids does the rest.
+- `TopicReader`: the one consumer of every component, its errors handled here (fatal ones raise
+  with topic, partition and offset); `read_to_end` reads a topic from the beginning in one call.
 - `Publisher`: encode-validate-produce of wire records, with delivery errors surfaced, not lost.
 - `DeadLetters` and `decode_or_deadletter`: the one place where a bad record is caught, with its
   source topic, partition, offset and reason.
@@ -17,7 +17,7 @@ import ssl
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from astraflow.config.kafka import KafkaSettings
@@ -68,6 +68,11 @@ def client_config(settings: KafkaSettings) -> dict[str, Any]:
     return conf
 
 
+def fetch_limit(settings: KafkaSettings) -> int:
+    """The largest fetch or request a client makes: the largest record plus room for its batch."""
+    return settings.message_max_bytes + (1 << 16)
+
+
 def producer_config(settings: KafkaSettings, **overrides: Any) -> dict[str, Any]:
     conf = client_config(settings)
     conf.update({
@@ -76,7 +81,7 @@ def producer_config(settings: KafkaSettings, **overrides: Any) -> dict[str, Any]
         "compression.type": "lz4",
         "linger.ms": 100 if settings.wan else 5,
         "batch.size": (4 << 20) if settings.wan else (1 << 20),
-        "message.max.bytes": settings.message_max_bytes + (1 << 16),
+        "message.max.bytes": fetch_limit(settings),
         "delivery.timeout.ms": 300_000 if settings.wan else 120_000,
     })
     conf.update(overrides)
@@ -90,8 +95,8 @@ def consumer_config(settings: KafkaSettings, group: str, **overrides: Any) -> di
         "enable.auto.commit": True,
         "enable.auto.offset.store": False,  # offsets are stored after processing: at-least-once
         "auto.offset.reset": "earliest",
-        "fetch.message.max.bytes": settings.message_max_bytes + (1 << 16),
-        "max.partition.fetch.bytes": settings.message_max_bytes + (1 << 16),
+        "fetch.message.max.bytes": fetch_limit(settings),
+        "max.partition.fetch.bytes": fetch_limit(settings),
         "session.timeout.ms": 45_000 if settings.wan else 10_000,
         "heartbeat.interval.ms": 3_000 if settings.wan else 1_000,
         "max.poll.interval.ms": 600_000,
@@ -183,63 +188,129 @@ class Publisher:
             raise DeliveryError("; ".join(errors[:5]) + (f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""))
 
 
-class AtLeastOnceConsumer:
-    """A consumer whose offsets advance only past messages the caller marked done."""
+class KafkaReadError(AstraFlowError):
+    """A consumer error that reading cannot get past: authorisation denied, an unknown topic."""
 
-    def __init__(self, settings: KafkaSettings, group: str, topics: list[str], **overrides: Any) -> None:
-        from confluent_kafka import Consumer
 
+#: librdkafka errors (KafkaError.name()) that retrying cannot cure: reading raises KafkaReadError
+DENIED = frozenset({"TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED",
+                    "CLUSTER_AUTHORIZATION_FAILED", "SASL_AUTHENTICATION_FAILED", "_AUTHENTICATION"})
+UNKNOWN = frozenset({"UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC", "_UNKNOWN_PARTITION"})
+
+
+def make_consumer(settings: KafkaSettings, group: str | None = None, **overrides: Any) -> Any:
+    """A confluent Consumer with `consumer_config`; without `group`, a throw-away group that never
+    commits (for readers that assign partitions themselves)."""
+    from confluent_kafka import Consumer
+
+    if group is None:
+        group = f"reader-{uuid.uuid4().hex[:8]}"
+        overrides = {"enable.auto.commit": False, **overrides}
+    return Consumer(consumer_config(settings, group, **overrides))
+
+
+class TopicReader:
+    """The one consumer of every component: a confluent Consumer whose errors are handled here.
+
+    `TopicReader(settings, ["weights"], from_beginning=True)`: every partition of the base topics
+    from the beginning, with a throw-away group (`ends`: their end offsets then). With `group=`,
+    `subscribe()` joins that group. `poll`, `consume` and `poll_batch` return only messages without
+    error: a fatal one (DENIED, UNKNOWN) raises KafkaReadError with topic, partition and offset,
+    another (a broker away for a moment) is logged. `consumer` is the client, for the rest.
+    """
+
+    missing_s = 30.0  # how long a subscribed topic may be unknown before that is fatal (a fresh one lags)
+
+    def __init__(self, settings: KafkaSettings, topics: list[str] | tuple[str, ...] = (), *,
+                 group: str | None = None, from_beginning: bool = False, **overrides: Any) -> None:
         self.settings = settings
-        self.consumer = Consumer(consumer_config(settings, group, **overrides))
         self.topics = [settings.topic(t) for t in topics]
-        self.consumer.subscribe(self.topics)
+        self.consumer = make_consumer(settings, group, **overrides)
+        self.ends: dict[tuple[str, int], int] = {}
+        if from_beginning:
+            self.assign_from_beginning(self.topics)
 
-    def poll(self, timeout: float = 1.0) -> Any | None:
-        """The next message, or None. Transport errors are logged; a fatal one raises."""
-        from confluent_kafka import KafkaError, KafkaException
+    def end_offsets(self, topic: str, timeout: float = 30.0) -> dict[int, int]:
+        """End offset of every partition of the full topic name `topic`, retrying while a fresh
+        topic has no leader yet; a denied or (after `timeout`) missing topic raises KafkaReadError."""
+        from confluent_kafka import KafkaException, TopicPartition
 
-        msg = self.consumer.poll(timeout)
-        if msg is None:
-            return None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                meta = self.consumer.list_topics(topic, timeout=15).topics.get(topic)
+                if meta is not None and meta.error is not None and meta.error.name() in DENIED:
+                    raise KafkaReadError(f"{topic}: {meta.error.str()} ({meta.error.name()})")
+                if meta is not None and meta.error is None and meta.partitions:
+                    return {p: self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)[1]
+                            for p in sorted(meta.partitions)}
+            except KafkaException:
+                if time.monotonic() > deadline:
+                    raise
+            if time.monotonic() > deadline:
+                raise KafkaReadError(f"topic {topic} does not exist (run `astraflow topics apply`)")
+            time.sleep(0.5)
+
+    def assign_from_beginning(self, topics: list[str]) -> None:
+        """Assign every partition of the full topic names from offset 0; `ends` learns their ends."""
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        parts = []
+        for topic in topics:
+            for p, high in self.end_offsets(topic).items():
+                self.ends[(topic, p)] = high
+                parts.append(TopicPartition(topic, p, OFFSET_BEGINNING))
+        self.consumer.assign(parts)
+
+    def subscribe(self, **callbacks: Any) -> None:
+        self.consumer.subscribe(self.topics, **callbacks)
+
+    def check(self, msg: Any) -> bool:
+        """True for a message to process; a fatal error raises, another one is logged."""
         err = msg.error()
-        if err is not None:
-            if err.fatal():
-                raise KafkaException(err)
-            if err.code() != KafkaError._PARTITION_EOF:
-                log.warning("consumer error on %s: %s", self.topics, err)
-            return None
-        return msg
+        if err is None:
+            return True
+        where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
+        if err.name() in UNKNOWN and msg.topic():
+            self.end_offsets(msg.topic(), self.missing_s)
+        elif err.fatal() or err.name() in DENIED:
+            raise KafkaReadError(f"consumer of {where}: {err.str()} ({err.name()})")
+        if err.name() != "_PARTITION_EOF":
+            log.warning("consumer of %s: %s", where, err.str())
+        return False
 
-    def consume(self, num: int = 100, timeout: float = 1.0) -> list[Any]:
-        from confluent_kafka import KafkaException
+    def poll(self, timeout: float) -> Any | None:
+        msg = self.consumer.poll(timeout)
+        return msg if msg is not None and self.check(msg) else None
 
-        out = []
-        for msg in self.consumer.consume(num, timeout):
-            err = msg.error()
-            if err is None:
-                out.append(msg)
-            elif err.fatal():
-                raise KafkaException(err)
-        return out
+    def consume(self, num: int, timeout: float) -> list[Any]:
+        """Up to `num` messages, waiting the whole `timeout` unless `num` arrive (see poll_batch)."""
+        return [m for m in self.consumer.consume(num, timeout) if self.check(m)]
 
-    def done(self, msg: Any) -> None:
-        """Mark `msg` processed: its offset (+1) will be committed."""
-        self.consumer.store_offsets(message=msg)
+    def poll_batch(self, timeout: float, num: int = 1000) -> list[Any]:
+        """Wait up to `timeout` for the first message, then take up to `num` more that are ready."""
+        first = self.consumer.poll(timeout)
+        if first is None:
+            return []
+        return [m for m in [first, *self.consumer.consume(num, 0)] if self.check(m)]
 
-    def commit(self) -> None:
-        """Commit stored offsets now (synchronously)."""
-        from confluent_kafka import KafkaException
-
-        try:
-            self.consumer.commit(asynchronous=False)
-        except KafkaException as exc:
-            if exc.args[0].name() != "_NO_OFFSET":
-                raise
+    def to_end(self, timeout: float = 60.0, poll_s: float = 0.5) -> Iterator[Any]:
+        """The messages up to the `ends` of `assign_from_beginning`; raises if not there in time."""
+        todo = {tp for tp, high in self.ends.items() if high > 0}
+        deadline = time.monotonic() + timeout
+        while todo and time.monotonic() < deadline:
+            for msg in self.poll_batch(poll_s):
+                where = (msg.topic(), msg.partition())
+                if msg.offset() + 1 >= self.ends.get(where, 0):
+                    todo.discard(where)
+                yield msg
+        if todo:
+            raise AstraFlowError(f"could not read {sorted(todo)} to its end within {timeout}s")
 
     def close(self) -> None:
         self.consumer.close()
 
-    def __enter__(self) -> AtLeastOnceConsumer:
+    def __enter__(self) -> TopicReader:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -247,39 +318,16 @@ class AtLeastOnceConsumer:
 
 
 def read_to_end(settings: KafkaSettings, topic: str, timeout: float = 60.0) -> list[tuple[float, Any]]:
-    """Every record of the base topic `topic` as (broker timestamp in seconds, decoded record), read
-    from the beginning to the end it had when called, with a throw-away group that commits nothing.
-    Records that do not decode are skipped (this is for reports and benches, not for components)."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-
-    full = settings.topic(topic)
-    consumer = Consumer(consumer_config(settings, f"reader-{uuid.uuid4().hex[:8]}", **{"enable.auto.commit": False}))
-    try:
-        meta = consumer.list_topics(full, timeout=15).topics.get(full)
-        if meta is None or meta.error is not None or not meta.partitions:
-            raise AstraFlowError(f"topic {full} does not exist")
-        parts = meta.partitions
-        high = {p: consumer.get_watermark_offsets(TopicPartition(full, p), timeout=15)[1] for p in parts}
-        consumer.assign([TopicPartition(full, p, OFFSET_BEGINNING) for p in high])
-        todo = {p for p, h in high.items() if h > 0}
-        out: list[tuple[float, Any]] = []
-        deadline = time.monotonic() + timeout
-        while todo and time.monotonic() < deadline:
-            for msg in consumer.consume(1000, timeout=0.5):
-                if msg.error() is not None:
-                    continue
-                if (msg.offset() or 0) + 1 >= high[msg.partition()]:
-                    todo.discard(msg.partition())
-                try:
-                    out.append((msg.timestamp()[1] / 1000.0, decode(msg.value() or b"")))
-                except RecordError:
-                    continue
-        if todo:
-            raise AstraFlowError(f"could not read {full} to its end within {timeout}s")
-        return out
-    finally:
-        consumer.close()
+    """(broker time in s, decoded record) of the base topic `topic`, from the beginning to its end when
+    called, by a throw-away group; undecodable records are skipped (for reports and benches)."""
+    out: list[tuple[float, Any]] = []
+    with TopicReader(settings, [topic], from_beginning=True) as reader:
+        for msg in reader.to_end(timeout):
+            try:
+                out.append((msg.timestamp()[1] / 1000.0, decode(msg.value() or b"")))
+            except RecordError:
+                continue
+    return out
 
 
 class DeadLetters:
@@ -342,8 +390,8 @@ def faust_settings(settings: KafkaSettings) -> dict[str, Any]:
     brokers = [f"kafka://{hp.strip()}" for hp in settings.require_bootstrap().split(",") if hp.strip()]
     out: dict[str, Any] = {
         "broker": brokers,
-        "producer_max_request_size": settings.message_max_bytes + (1 << 16),
-        "consumer_max_fetch_size": settings.message_max_bytes + (1 << 16),
+        "producer_max_request_size": fetch_limit(settings),
+        "consumer_max_fetch_size": fetch_limit(settings),
         "broker_session_timeout": 45.0 if settings.wan else 10.0,
         "broker_heartbeat_interval": 3.0 if settings.wan else 1.0,
     }

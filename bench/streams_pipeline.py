@@ -33,7 +33,7 @@ import yaml
 
 from astraflow import topics as topic_spec
 from astraflow.config import KafkaSettings
-from astraflow.kafka import consumer_config, make_admin, producer_config
+from astraflow.kafka import TopicReader, make_admin, producer_config
 from astraflow.records import Trajectory, encode, group_id, traj_id
 from bench.machine import describe
 
@@ -68,27 +68,26 @@ class Reader(threading.Thread):
 
     def __init__(self, settings: KafkaSettings, topic: str, expect: int, keys: set[bytes]) -> None:
         super().__init__(daemon=True)
-        from confluent_kafka import Consumer, TopicPartition
+        from confluent_kafka import TopicPartition
 
-        conf = consumer_config(settings, f"bench-{uuid.uuid4().hex[:6]}", **{"enable.auto.commit": False})
-        self.consumer = Consumer(conf)
+        self.reader = TopicReader(settings, group=f"bench-{uuid.uuid4().hex[:6]}",
+                                  **{"enable.auto.commit": False})
         full = settings.topic(topic)
-        parts = self.consumer.list_topics(full, timeout=10).topics[full].partitions
-        ends = [TopicPartition(full, p, self.consumer.get_watermark_offsets(TopicPartition(full, p), timeout=10)[1])
-                for p in parts]
-        self.consumer.assign(ends)  # only what is produced from now on
+        ends = self.reader.end_offsets(full)
+        # only what is produced from now on
+        self.reader.consumer.assign([TopicPartition(full, p, hi) for p, hi in ends.items()])
         self.expect, self.keys, self.seen = expect, keys, []
         self.done = threading.Event()
 
     def run(self) -> None:
         try:
             while len(self.seen) < self.expect and not self.done.is_set():
-                msg = self.consumer.poll(0.1)
-                if msg is None or msg.error() is not None or msg.key() not in self.keys:
+                msg = self.reader.poll(0.1)
+                if msg is None or msg.key() not in self.keys:
                     continue
                 self.seen.append((msg.key(), time.time(), msg.timestamp()[1] / 1000.0, len(msg.value() or b"")))
         finally:
-            self.consumer.close()
+            self.reader.close()
             self.done.set()
 
 

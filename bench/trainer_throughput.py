@@ -60,21 +60,9 @@ def trainer_run(settings: KafkaSettings, steps: int, groups: int, publish_every:
 
 
 def _read_metrics(settings: KafkaSettings) -> list[Metric]:
-    from confluent_kafka import Consumer, TopicPartition
+    from astraflow.kafka import read_to_end
 
-    from astraflow.kafka import client_config
-    from astraflow.records import decode
-
-    consumer = Consumer({**client_config(settings), "group.id": "bench", "enable.auto.commit": False})
-    topic = settings.topic("metrics")
-    lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
-    consumer.assign([TopicPartition(topic, 0, lo)])
-    out = []
-    while len(out) < hi - lo:
-        msg = consumer.poll(10)
-        if msg is not None and msg.error() is None:
-            out.append(decode(msg.value(), Metric))
-    consumer.close()
+    out = [m for _, m in read_to_end(settings, "metrics") if isinstance(m, Metric)]
     return sorted((m for m in out if m.component == "trainer"), key=lambda m: m.step)
 
 

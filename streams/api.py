@@ -25,7 +25,8 @@ import numpy as np
 
 from astraflow.records import Trajectory
 
-#: `kind` values an algorithm class may declare; the pipeline builder checks the order with them.
+#: `kind` values a stage between `group` and `route` may declare (default "transform"); the pipeline
+#: builder (streams/pipeline.py) wants exactly one "advantage" and every "filter" before it.
 KINDS = ("filter", "advantage", "observe", "reuse", "transform")
 
 

@@ -31,7 +31,7 @@ from typing import Any
 from astraflow.config import Recipe
 from astraflow.config.kafka import KafkaSettings
 from astraflow.errors import ConfigError
-from astraflow.kafka import faust_settings, make_admin, resolve
+from astraflow.kafka import faust_settings, fetch_limit, make_admin, resolve
 from streams.api import StageContext
 from streams.grouping import Collector
 from streams.pipeline import build_pipeline
@@ -156,7 +156,7 @@ def create_app(recipe: Recipe, *, kafka: KafkaSettings | None = None, data_dir: 
     )
     # compact quickly: the bodies changelog holds trajectories only until their group is emitted
     compact = {"segment.ms": "600000", "min.cleanable.dirty.ratio": "0.1",
-               "max.message.bytes": str(settings.message_max_bytes + (1 << 16))}
+               "max.message.bytes": str(fetch_limit(settings))}
     groups = _table(app, "groups", n_parts, "msgpack", compact)
     bodies = _table(app, "bodies", n_parts, "raw", compact)  # the trajectory bytes as consumed
 

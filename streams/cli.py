@@ -19,7 +19,7 @@ def run_dir_for(recipe_path: Path, run_dir: Path | None) -> Path:
     if run_dir is not None:
         return run_dir
     recipe = load_recipe(recipe_path)
-    return Path(recipe.run.dir.replace("{name}", recipe.name))
+    return recipe.run_dir
 
 
 def register(app: typer.Typer) -> None:

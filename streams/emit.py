@@ -28,7 +28,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from astraflow.config.kafka import KafkaSettings
 from astraflow.errors import RecordError
-from astraflow.kafka import client_config
+from astraflow.kafka import make_consumer
 from astraflow.records import Sample, decode
 
 log = logging.getLogger(__name__)
@@ -48,15 +48,10 @@ def read_back(settings: KafkaSettings, targets: Iterable[tuple[str, int]], keys:
               since_s: float, timeout_s: float = 60.0) -> set[tuple[str, str]]:
     """(topic, traj_id) of the Samples keyed by one of `keys` on the target topic-partitions,
     written at or after `since_s` (minus a margin). Blocking: run it in an executor."""
-    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-    conf = client_config(settings)
-    conf.update({
-        "group.id": settings.group(f"streams-readback-{uuid.uuid4().hex[:8]}"),  # never committed
-        "enable.auto.commit": False, "enable.partition.eof": True,
-        "fetch.message.max.bytes": settings.message_max_bytes + (1 << 16),
-    })
-    consumer = Consumer(conf)
+    consumer = make_consumer(settings, f"streams-readback-{uuid.uuid4().hex[:8]}",  # never committed
+                             **{"enable.auto.commit": False, "enable.partition.eof": True})
     found: set[tuple[str, str]] = set()
     wanted = {k.encode("utf-8") for k in keys}
     try:

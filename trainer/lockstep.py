@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any
 
 from astraflow.config.kafka import KafkaSettings
 from astraflow.errors import RecordError
-from astraflow.kafka import consumer_config
+from astraflow.kafka import TopicReader
 from astraflow.records import WeightVersion, decode
 from astraflow.weights.auth import verify
 
@@ -25,22 +24,15 @@ class PolicyVersions:
     """Latest published version of every other policy (-1 until seen)."""
 
     def __init__(self, settings: KafkaSettings, policy: str, policies: list[str]) -> None:
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
         self.others = [p for p in policies if p != policy]
         self.versions: dict[str, int] = dict.fromkeys(self.others, -1)
-        topic = settings.topic("weights")
         # a private group id: this consumer only reads (assign + no commits), never joins a group
-        conf = consumer_config(settings, f"trainer.{policy}.lockstep.{uuid.uuid4().hex[:8]}",
-                               **{"enable.auto.commit": False})
-        self.consumer: Any = Consumer(conf)
-        parts = self.consumer.list_topics(topic, timeout=15).topics[topic].partitions
-        self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        group = f"trainer.{policy}.lockstep.{uuid.uuid4().hex[:8]}"
+        self.reader = TopicReader(settings, ["weights"], group=group, from_beginning=True,
+                                  **{"enable.auto.commit": False})
 
     def poll(self) -> None:
-        for msg in self.consumer.consume(500, timeout=0.05):
-            if msg.error() is not None:
-                continue
+        for msg in self.reader.consume(500, timeout=0.05):
             try:
                 event = verify(decode(msg.value() or b"", WeightVersion))
             except RecordError as exc:  # the weights topic is the trainers' own: log, do not stop
@@ -56,4 +48,4 @@ class PolicyVersions:
         return all(v >= version for v in self.versions.values())
 
     def close(self) -> None:
-        self.consumer.close()
+        self.reader.close()

@@ -1,9 +1,8 @@
 """`astraflow trainer --policy P`: one policy's trainer, from `samples.<P>` to `weights`.
 
 Read top to bottom, one iteration of `run()`:
-  1. poll `samples.<P>` (partitions assigned explicitly and positioned at the offsets stored in
-     the last checkpoint: Kafka's committed offsets are only informational), decode (bad records
-     go to `deadletter`), and add to the GroupBuffer;
+  1. poll `samples.<P>` (trainer/intake.py: partitions positioned at the offsets stored in the
+     last checkpoint), decode (bad records go to `deadletter`), and add to the GroupBuffer;
   2. with lockstep, wait until every other policy has published our current version;
   3. take a batch of complete groups (stale samples dropped and counted), train one step;
   4. every `publish_every` steps: write the new version into the weight store, checkpoint, then
@@ -47,22 +46,21 @@ from astraflow import failpoints
 from astraflow.config import Recipe
 from astraflow.config.kafka import KafkaSettings
 from astraflow.errors import AstraFlowError
-from astraflow.kafka import DeadLetters, Publisher, consumer_config, decode_or_deadletter
+from astraflow.kafka import DeadLetters, Publisher
 from astraflow.metrics import MetricsReporter
 from astraflow.models import init_checkpoint, load_model, load_tokenizer
-from astraflow.records import Sample, WeightVersion
+from astraflow.records import WeightVersion
 from astraflow.sampling import SamplingSettings
 from astraflow.weights import WeightServer, WeightStore
 from astraflow.weights.auth import sign
 from trainer import checkpoint as ckpt
-from trainer import distributed, retention
+from trainer import distributed
 from trainer.background import BackgroundJob
-from trainer.batching import BadSample, Batch, GroupBuffer
+from trainer.batching import Batch, GroupBuffer
 from trainer.engine import Engine, collate
+from trainer.intake import PARTITION_CHECK_S, SampleIntake
 
 log = logging.getLogger(__name__)
-#: How often the leader looks for partitions added to its samples topic.
-PARTITION_CHECK_S = 30.0
 #: Lags 0..15 get their own histogram bucket; larger ones share `staleness.lag.ge16`.
 STALENESS_BUCKETS = 16
 
@@ -72,7 +70,7 @@ class TrainerError(AstraFlowError):
 
 
 def run_dir_of(recipe: Recipe, run_dir: str | Path | None) -> Path:
-    return Path(run_dir) if run_dir is not None else Path(recipe.run.dir.replace("{name}", recipe.name))
+    return Path(run_dir) if run_dir is not None else recipe.run_dir
 
 
 def pick_device(name: str, local_rank: int) -> torch.device:
@@ -101,7 +99,6 @@ class Trainer:
         self.wait_s = 0.0  # seconds with no batch to train (the scaling advice reads it)
         self.buffer = GroupBuffer(policy, self.cfg.dedupe_window, self.cfg.order)
         self.publications = BackgroundJob(f"publish-{policy}")
-        self._uncommitted: dict[str, int] | None = None  # offsets of the last checkpoint, to commit
         self._setup_model()
 
     # ------------------------------------------------------------------ setup
@@ -138,8 +135,6 @@ class Trainer:
             log.warning("%s: resumed from %s (step %d, version %d)", self.policy, latest, self.step, self.version)
 
     def _setup_leader(self) -> None:
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
         settings = self.settings
         assert settings is not None
         cfg = self.cfg
@@ -159,30 +154,14 @@ class Trainer:
         self.metrics = MetricsReporter(self.publisher, "trainer", f"trainer.{self.policy}", settings.region,
                                        every_s=cfg.metrics_every_s)
         self._announce()
-        self.topic = settings.topic(f"samples.{self.policy}")
-        self.consumer: Any = Consumer(consumer_config(settings, f"trainer.{self.policy}",
-                                                      **{"enable.auto.commit": False}))
-        offsets = self.buffer.offsets()
-        parts = self.consumer.list_topics(self.topic, timeout=15).topics[self.topic].partitions
-        if not parts:
-            raise TrainerError(f"topic {self.topic} does not exist (run `astraflow topics apply`)")
-        self.partitions = sorted(parts)
-        self._check_retention(offsets)
-        self.consumer.assign([TopicPartition(self.topic, p, offsets.get(p, OFFSET_BEGINNING))
-                              for p in self.partitions])
-        self._partition_check = time.monotonic()
+        self.intake = SampleIntake(settings, self.policy, self.buffer, self.dead,
+                                   frozenset(self.recipe.policy_names))
+        self.topic = self.intake.topic
         self.lockstep = None
         if cfg.lockstep and len(self.recipe.policies) > 1:
             from trainer.lockstep import PolicyVersions
 
             self.lockstep = PolicyVersions(settings, self.policy, self.recipe.policy_names)
-
-    def _check_retention(self, offsets: dict[int, int]) -> None:
-        """Say so when retention deleted samples past the checkpoint (trainer/retention.py)."""
-        found = retention.gaps(offsets, retention.low_watermarks(self.consumer, self.topic, self.partitions))
-        if found:
-            log.warning(retention.describe(self.topic, found))
-            self.buffer.counts["samples.lost_to_retention"] += sum(low - off for off, low in found.values())
 
     def _reconcile_store(self) -> None:
         """Make the store agree with the checkpoint: drop what was never announced, make sure the
@@ -236,52 +215,18 @@ class Trainer:
     def _next_batch(self) -> Batch | None:
         if self.stop_requested or self._done():
             return None
-        if time.monotonic() - self._partition_check > PARTITION_CHECK_S:
-            self._grow_partitions()
+        if time.monotonic() - self.intake.partition_check > PARTITION_CHECK_S:
+            self.intake.grow_partitions()
         if self.lockstep is not None and not self.lockstep.ready(self.version):
-            self._poll(0.2)
+            self.intake.poll(0.2)
             return None
         batch = self._take()
-        self._poll(0.0 if batch is not None else 0.2)  # never wait for Kafka with a batch in hand
+        self.intake.poll(0.0 if batch is not None else 0.2)  # never wait for Kafka with a batch in hand
         return batch if batch is not None else self._take()
 
     def _take(self) -> Batch | None:
         return self.buffer.take(self.cfg.batch_groups, self.cfg.batch_tokens, self.version,
                                 self.recipe.max_staleness)
-
-    def _poll(self, timeout: float) -> None:
-        """Wait up to `timeout` for the first message, then take whatever else is ready. (A batch
-        `consume(n, timeout)` returns early only once it has n messages: with fewer it waited the
-        whole timeout, which put 0.2 s into every step the trainer had to wait for.)"""
-        self._commit_offsets()
-        first = self.consumer.poll(timeout)
-        if first is None:
-            return
-        for msg in [first, *self.consumer.consume(1000, timeout=0)]:
-            if msg.error() is None:
-                self._intake(msg)
-
-    def _grow_partitions(self) -> None:
-        """Read partitions added to the topic since we started (`astraflow topics apply` grows them)."""
-        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-
-        self._partition_check = time.monotonic()
-        parts = self.consumer.list_topics(self.topic, timeout=5).topics[self.topic].partitions
-        new = sorted(set(parts) - set(self.partitions))
-        if new:
-            self.consumer.incremental_assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in new])
-            self.partitions += new
-            log.warning("%s: now also reading new partitions %s", self.topic, new)
-
-    def _intake(self, msg: Any) -> None:
-        sample = decode_or_deadletter(msg, Sample, self.dead, frozenset(self.recipe.policy_names))
-        if sample is None:
-            self.buffer.consumed(msg.partition(), msg.offset())
-            return
-        try:
-            self.buffer.add(sample, msg.partition(), msg.offset())
-        except BadSample as exc:
-            self.dead.publish_message(msg, str(exc))
 
     def _train(self, batch: Batch | None, rows: Any, num_tokens: float, num_seqs: float) -> None:
         self.step += 1
@@ -379,23 +324,7 @@ class Trainer:
                              before_rename=lambda: failpoints.hit(failpoints.TRAINER_ENV, "mid_checkpoint",
                                                                   snap.step, self.home))
         self.last_checkpoint = snap.step
-        # committed by the trainer's thread: a commit from another thread while the consumer
-        # polls hangs in confluent-kafka (seen here: it never returned)
-        self._uncommitted = snap.state["buffer"]["offsets"]
-
-    def _commit_offsets(self) -> None:
-        """Tell Kafka how far the last checkpoint is, for lag monitoring only (restarts use the
-        checkpoint)."""
-        from confluent_kafka import KafkaException, TopicPartition
-
-        offsets, self._uncommitted = self._uncommitted, None
-        if offsets is None:
-            return
-        try:
-            self.consumer.commit(offsets=[TopicPartition(self.topic, int(p), o) for p, o in offsets.items()],
-                                 asynchronous=True)
-        except KafkaException as exc:
-            log.info("offset commit (informational) failed: %s", exc)
+        self.intake.uncommitted = snap.state["buffer"]["offsets"]  # the trainer's thread commits them
 
     def _truncate_ledger(self) -> None:
         """Drop ledger lines of batches the checkpoint does not contain (lost in a crash)."""
@@ -407,12 +336,11 @@ class Trainer:
             path.write_text("".join(line + "\n" for line in kept))
 
     def _close(self, clean: bool) -> None:
-        if self.dist.leader and hasattr(self, "consumer"):
+        if self.dist.leader and hasattr(self, "intake"):
             self.publications.join()
             if clean and self.step > self.last_checkpoint:
                 self._checkpoint()  # steps since the last publication are kept, not retrained
-            self._commit_offsets()
-            self.consumer.close()
+            self.intake.close()
             if self.lockstep is not None:
                 self.lockstep.close()
             self.publisher.flush()

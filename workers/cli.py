@@ -19,7 +19,7 @@ def _setup(recipe_path: Path, run_dir: Path | None, bootstrap: str | None) -> tu
 
     recipe = load_recipe(recipe_path)
     check_recipe(recipe)
-    rd = run_dir or Path(recipe.run.dir.replace("{name}", recipe.name))
+    rd = run_dir or recipe.run_dir
     base = recipe.kafka
     if bootstrap:
         import os

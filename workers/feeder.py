@@ -37,12 +37,11 @@ from typing import Any
 
 from astraflow.config import KafkaSettings, Recipe
 from astraflow.errors import ConfigError
-from astraflow.kafka import DeadLetters, Publisher, consumer_config
+from astraflow.kafka import DeadLetters, Publisher, TopicReader
 from astraflow.metrics import MetricsReporter
 from astraflow.records import RecordError, Task, TaskStats, WeightVersion, decode
 from astraflow.weights.auth import verify
 from workers.feeder_state import StatsCache, published_since
-from workers.follower import high_watermarks
 from workers.registry import environment_class, workflow_class
 
 log = logging.getLogger(__name__)
@@ -120,41 +119,30 @@ class Feeder:
 
     # ------------------------------------------------------------------ progress
 
-    def _open_readers(self) -> Any:
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-        consumer = Consumer(consumer_config(self.settings, f"feeder-reader-{uuid.uuid4().hex[:8]}",
-                                            **{"enable.auto.commit": False}))
+    def _open_readers(self) -> TopicReader:
         # task-stats feeds selective rollout and admission (groups streams dropped count as consumed)
-        names = [self.settings.topic("weights"), self.settings.topic("task-stats")]
-        parts = []
-        self._history: dict[tuple[str, int], int] = {}  # (topic, partition) -> end offset at start
-        for name in names:
-            for p, high in high_watermarks(consumer, name).items():
-                parts.append(TopicPartition(name, p, OFFSET_BEGINNING))
-                if high > 0:
-                    self._history[(name, p)] = high
-        consumer.assign(parts)
-        self.task_ends = high_watermarks(consumer, self.settings.topic("tasks"))
+        reader = TopicReader(self.settings, ["weights", "task-stats"], from_beginning=True,
+                             group=f"feeder-reader-{uuid.uuid4().hex[:8]}", **{"enable.auto.commit": False})
+        # (topic, partition) -> end offset at start
+        self._history: dict[tuple[str, int], int] = {tp: high for tp, high in reader.ends.items() if high > 0}
+        self.task_ends = reader.end_offsets(self.settings.topic("tasks"))
         self.published = sum(self.task_ends.values())
-        return consumer
+        return reader
 
-    def _read_progress(self, consumer: Any, budget_s: float = 0.0) -> None:
+    def _read_progress(self, reader: TopicReader, budget_s: float = 0.0) -> None:
         """Read what progress records are ready; with a budget, wait up to it for the first one.
         Returns as soon as something was read (admission reacts to the event itself, not to the end
         of a polling interval: that wait was a tenth of a second of every step of a blocked run)."""
         deadline = time.monotonic() + budget_s
         timeout = budget_s
         while True:
-            msg = consumer.poll(timeout)
+            msg = reader.poll(timeout)
             if msg is None:
                 if time.monotonic() >= deadline or timeout == 0:
                     return
                 timeout = max(0.0, deadline - time.monotonic())
                 continue
             timeout = 0.0  # something arrived: drain what else is ready, then return
-            if msg.error() is not None:
-                continue
             try:
                 rec = decode(msg.value() or b"")
                 if isinstance(rec, WeightVersion):
@@ -170,15 +158,15 @@ class Feeder:
             elif isinstance(rec, TaskStats):
                 self.stats.put(rec)
 
-    def _catch_up(self, consumer: Any, timeout: float = 60.0) -> None:
+    def _catch_up(self, reader: TopicReader, timeout: float = 60.0) -> None:
         """Read the progress topics up to where they ended at start, so a restarted feeder admits
         from what the trainers really consumed, not from the first records that happen to arrive."""
         from confluent_kafka import TopicPartition
 
         deadline = time.monotonic() + timeout
         while self._history and time.monotonic() < deadline:
-            self._read_progress(consumer, budget_s=0.2)
-            positions = consumer.position([TopicPartition(t, p) for t, p in self._history])
+            self._read_progress(reader, budget_s=0.2)
+            positions = reader.consumer.position([TopicPartition(t, p) for t, p in self._history])
             for tp in positions:
                 if tp.offset >= self._history[(tp.topic, tp.partition)]:
                     del self._history[(tp.topic, tp.partition)]
@@ -240,10 +228,8 @@ class Feeder:
 
     def _resume(self, saved_ends: dict[int, int]) -> None:
         """Find the tasks published after the saved position (a crash between two saves)."""
-        from confluent_kafka import Consumer
-
-        reader = Consumer(consumer_config(self.settings, f"feeder-resume-{uuid.uuid4().hex[:8]}",
-                                          **{"enable.auto.commit": False}))
+        reader = TopicReader(self.settings, group=f"feeder-resume-{uuid.uuid4().hex[:8]}",
+                             **{"enable.auto.commit": False})
         try:
             self.resume_skip = published_since(reader, self.settings.topic("tasks"), saved_ends, self.task_ends)
         finally:

@@ -1,6 +1,6 @@
 """What the feeder remembers, kept exact across a SIGKILL and bounded in memory.
 
-- `published_since(consumer, topic, ends)`: the group ids of the Tasks on `tasks` after the end
+- `published_since(reader, topic, ends)`: the group ids of the Tasks on `tasks` after the end
   offsets the feeder saved with its position. The feeder saves its position only every 64 tasks
   (a save per task would cost a disk write per task); a feeder killed between two saves restarts
   from the older position, and these are the tasks it published since: it skips them when its
@@ -17,30 +17,30 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from typing import Any
 
+from astraflow.kafka import TopicReader
 from astraflow.records import RecordError, Task, TaskStats, decode
 
 log = logging.getLogger(__name__)
 
 
-def published_since(consumer: Any, topic: str, ends: dict[int, int], highs: dict[int, int],
+def published_since(reader: TopicReader, topic: str, ends: dict[int, int], highs: dict[int, int],
                     timeout: float = 60.0) -> set[str]:
     """Group ids of the Tasks in `topic` from offsets `ends` (partition -> offset; a partition
-    not named is read from its start) up to `highs` (the end offsets now). `consumer` is a fresh
-    confluent Consumer this function assigns and leaves assigned."""
+    not named is read from its start) up to `highs` (the end offsets now). `reader` is a fresh
+    TopicReader this function assigns and leaves assigned."""
     from confluent_kafka import TopicPartition
 
     todo = {p: (ends.get(p, 0), high) for p, high in highs.items() if high > ends.get(p, 0)}
     if not todo:
         return set()
-    consumer.assign([TopicPartition(topic, p, start) for p, (start, _) in todo.items()])
+    reader.consumer.assign([TopicPartition(topic, p, start) for p, (start, _) in todo.items()])
     seen: set[str] = set()
     left = {p: high for p, (_, high) in todo.items()}
     deadline = time.monotonic() + timeout
     while left and time.monotonic() < deadline:
-        msg = consumer.poll(0.2)
-        if msg is None or msg.error() is not None:
+        msg = reader.poll(0.2)
+        if msg is None:
             continue
         p = msg.partition()
         if msg.offset() + 1 >= left.get(p, 0):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 
 from astraflow.config import KafkaSettings
 from astraflow.errors import AstraFlowError
-from astraflow.kafka import DeadLetters, consumer_config
+from astraflow.kafka import DeadLetters, TopicReader
 from astraflow.records import RecordError, WeightVersion, decode
 from astraflow.weights.auth import verify
 from workers.engines.base import Engine
@@ -30,31 +29,10 @@ log = logging.getLogger(__name__)
 TOPIC = "weights"
 
 
-def high_watermarks(consumer: Any, topic: str, timeout: float = 30.0) -> dict[int, int]:
-    """End offset of every partition of `topic`, retrying while a fresh topic has no leader yet."""
-    from confluent_kafka import KafkaException, TopicPartition
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            md = consumer.list_topics(topic, timeout=15)
-            meta = md.topics.get(topic)
-            if meta is None or meta.error is not None or not meta.partitions:
-                raise AstraFlowError(f"topic {topic} does not exist (run `astraflow topics apply`)")
-            return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)[1]
-                    for p in sorted(meta.partitions)}
-        except (KafkaException, AstraFlowError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-
-
 class WeightFollower:
     def __init__(self, settings: KafkaSettings, engines: dict[str, Engine], loop: asyncio.AbstractEventLoop,
                  dead: DeadLetters, cache_dir: Path | None = None,
                  on_change: Callable[[str, int], None] | None = None) -> None:
-        from confluent_kafka import Consumer
-
         self.settings = settings
         self.engines = engines
         self.loop = loop
@@ -65,40 +43,22 @@ class WeightFollower:
         self.refused = 0
         self.applied = 0
         self.last_error: str | None = None
-        conf = consumer_config(settings, f"weights-reader-{uuid.uuid4().hex[:8]}",
-                               **{"enable.auto.commit": False, "auto.offset.reset": "earliest"})
-        self.consumer = Consumer(conf)
+        self.reader = TopicReader(settings, [TOPIC], group=f"weights-reader-{uuid.uuid4().hex[:8]}",
+                                  **{"enable.auto.commit": False})
         self.topic = settings.topic(TOPIC)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _assign(self) -> dict[int, int]:
-        """Assign every partition from the beginning; returns the high watermarks."""
-        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-
-        high = high_watermarks(self.consumer, self.topic)
-        self.consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in high])
-        return high
-
     def catch_up(self, timeout: float = 60.0) -> dict[str, WeightVersion]:
         """Read the topic to its end and apply the newest version of each policy (blocking; call it
         from a thread, not the event loop). Returns the events applied."""
-        high = self._assign()
+        self.reader.assign_from_beginning([self.topic])
         latest: dict[str, WeightVersion] = {}
-        done = {p for p, h in high.items() if h <= 0}
-        deadline = time.monotonic() + timeout
-        while len(done) < len(high) and time.monotonic() < deadline:
-            msg = self.consumer.poll(0.5)
-            if msg is None or msg.error() is not None:
-                continue
+        for msg in self.reader.to_end(timeout):
             event = self._decode(msg)
             if (event is not None and event.policy in self.engines
                     and event.version >= latest.get(event.policy, event).version):
                 latest[event.policy] = event
-            if msg.offset() + 1 >= high[msg.partition()]:
-                done.add(msg.partition())
-        if len(done) < len(high):
-            raise AstraFlowError(f"could not read {self.topic} to its end within {timeout}s")
         for event in latest.values():
             self.apply(event)
         return latest
@@ -140,8 +100,8 @@ class WeightFollower:
 
     def _follow(self) -> None:
         while not self._stop.is_set():
-            msg = self.consumer.poll(0.5)
-            if msg is None or msg.error() is not None:
+            msg = self.reader.poll(0.5)
+            if msg is None:
                 continue
             event = self._decode(msg)
             if event is not None:
@@ -151,4 +111,4 @@ class WeightFollower:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
-        self.consumer.close()
+        self.reader.close()

@@ -31,7 +31,7 @@ from typing import Any
 
 from astraflow.config import KafkaSettings, Recipe
 from astraflow.errors import AstraFlowError, ConfigError
-from astraflow.kafka import DeadLetters, Publisher, consumer_config, decode_or_deadletter
+from astraflow.kafka import DeadLetters, Publisher, TopicReader, decode_or_deadletter
 from astraflow.metrics import MetricsReporter
 from astraflow.records import Task, Trajectory
 from workers.engines import build_engine
@@ -97,8 +97,6 @@ class Worker:
 
     async def run(self) -> None:
         """Serve tasks until SIGTERM/SIGINT (or `stop()`)."""
-        from confluent_kafka import Consumer
-
         self.loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self.stop)
@@ -112,11 +110,10 @@ class Worker:
                                        cache_dir=self.run_dir / "cache" / "weights")
         await asyncio.to_thread(self.follower.catch_up)
         self.follower.start()
-        conf = consumer_config(self.settings, self.cfg.group, **{
+        self.reader = TopicReader(self.settings, ["tasks"], group=self.cfg.group, **{
             "partition.assignment.strategy": "cooperative-sticky", "client.id": self.worker_id})
-        self.consumer = Consumer(conf)
-        self.consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                on_lost=self._on_revoke)
+        self.consumer = self.reader.consumer
+        self.reader.subscribe(on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke)
         self._started = time.monotonic()
         self._tokens_mark = (time.monotonic(), 0)
         self._next_report = 0.0
@@ -143,7 +140,7 @@ class Worker:
             elif not room and not self.paused:
                 self.consumer.pause(self.consumer.assignment())
                 self.paused = True
-            msg = self.consumer.poll(0)
+            msg = self.reader.poll(0)
             if msg is not None:
                 self._on_message(msg)
                 continue  # drain what is ready before sleeping
@@ -153,15 +150,6 @@ class Worker:
                 await asyncio.wait_for(self.stopping.wait(), POLL_TICK_S)
 
     def _on_message(self, msg: Any) -> None:
-        from confluent_kafka import KafkaError
-
-        err = msg.error()
-        if err is not None:
-            if err.fatal():
-                raise AstraFlowError(f"consumer of {self.topic}: {err}")
-            if err.code() != KafkaError._PARTITION_EOF:
-                log.warning("consumer of %s: %s", self.topic, err)
-            return
         p, off = msg.partition(), msg.offset()
         self.tracker.start(p, off)
         settled = self._dead_letter_settled(p, off)

@@ -88,6 +88,11 @@ class Recipe(StrictModel):
         return self
 
     @property
+    def run_dir(self) -> Path:
+        """The run directory: `run.dir` with {name} replaced by the recipe's name."""
+        return Path(self.run.dir.replace("{name}", self.name))
+
+    @property
     def policy_names(self) -> list[str]:
         return [p.name for p in self.policies]
 

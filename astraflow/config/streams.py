@@ -3,7 +3,7 @@ Faust worker that runs it. Owned by the streams component.
 
 The pipeline is an ordered list of registered algorithms with their arguments; it must start with
 `validate` and `group` and end with `route`. Names and arguments are checked when the streams
-worker builds the pipeline (`streams.registry.build_pipeline`), because plug-ins are found through
+worker builds the pipeline (`streams.pipeline.build_pipeline`), because plug-ins are found through
 entry points that this light config module does not import.
 """
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from astraflow.config import KafkaSettings
-from astraflow.kafka import client_config
+from astraflow.kafka import TopicReader, make_consumer
 from astraflow.records import Metric, RecordError, WeightVersion, decode
 
 log = logging.getLogger(__name__)
@@ -84,42 +84,33 @@ class Collector:
         if self._thread is not None:
             self._thread.join(timeout=15)
 
-    def _consumer(self) -> Any:
-        from confluent_kafka import Consumer
-
-        conf = {**client_config(self.settings), "group.id": f"astraflow-collector-{uuid.uuid4().hex[:8]}",
-                "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                "fetch.message.max.bytes": self.settings.message_max_bytes + (1 << 16)}
-        return Consumer(conf)
-
     def _run(self) -> None:
-        consumer = self._consumer()
+        group = f"astraflow-collector-{uuid.uuid4().hex[:8]}"
+        reader = TopicReader(self.settings, ["metrics", "weights"], group=group,
+                             **{"enable.auto.commit": False})
         # The probe consumers live for the whole run, made and dropped in this thread: a client
         # created and destroyed every few seconds is what confluent-kafka's garbage-collection
         # crashes need (confluent-kafka-python #2129), and it costs a connection each time.
         probes = Probes(self.settings)
-        topics = [self.settings.topic("metrics"), self.settings.topic("weights")]
-        consumer.subscribe(topics)
+        reader.subscribe()
         out: IO[str] | None = open(self.jsonl, "w") if self.jsonl else None  # noqa: SIM115
         next_lag = 0.0
         try:
             while not self._stop.is_set():
-                for msg in consumer.consume(500, 0.5):
-                    if msg.error() is None:
-                        self._ingest(msg.topic(), msg.value(), out)
+                for msg in reader.consume(500, 0.5):
+                    self._ingest(msg.topic(), msg.value(), out)
                 if out is not None:
                     out.flush()
                 if time.monotonic() >= next_lag:
                     next_lag = time.monotonic() + 3.0
                     self._refresh_lag(probes, out)
             # drain what is already there before stopping
-            for msg in consumer.consume(5000, 1.0):
-                if msg.error() is None:
-                    self._ingest(msg.topic(), msg.value(), out)
+            for msg in reader.consume(5000, 1.0):
+                self._ingest(msg.topic(), msg.value(), out)
         except Exception:  # noqa: BLE001 - the dashboard must never take the run down
             log.exception("metrics collector failed")
         finally:
-            consumer.close()
+            reader.close()
             probes.close()
             if out is not None:
                 out.close()
@@ -208,11 +199,10 @@ class Probes:
         self._groups: dict[str, Any] = {}
 
     def _make(self, group: str) -> Any:
-        from confluent_kafka import Consumer
-
-        return Consumer({**client_config(self.settings), "group.id": group, "enable.auto.commit": False})
+        return make_consumer(self.settings, group, **{"enable.auto.commit": False})
 
     def committed(self, group: str, partitions: list[Any], timeout: float = 5.0) -> list[Any]:
+        """Committed offsets of the base consumer group `group` (namespace applied)."""
         if group not in self._groups:
             self._groups[group] = self._make(group)
         return self._groups[group].committed(partitions, timeout=timeout)
@@ -252,7 +242,7 @@ def consumer_lag(settings: KafkaSettings, groups: dict[str, str | None], probes:
         highs = {p: high for p, (_, high) in _watermarks(probes.consumer, topic).items()}
         if not highs:
             continue
-        found = probes.committed(settings.group(group), [TopicPartition(topic, p) for p in highs])
+        found = probes.committed(group, [TopicPartition(topic, p) for p in highs])
         committed = {tp.partition: tp.offset for tp in found}  # OFFSET_INVALID (< 0) where none yet
         lag[base] = sum(max(0, high - max(0, committed.get(p, 0))) for p, high in highs.items())
     return lag

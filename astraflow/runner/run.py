@@ -62,7 +62,7 @@ class RunOptions:
 
 
 def run_dir_of(recipe: Recipe, override: Path | None = None) -> Path:
-    return Path(override) if override else Path(recipe.run.dir.replace("{name}", recipe.name))
+    return Path(override) if override else recipe.run_dir
 
 
 def components(recipe: Recipe, recipe_path: Path, run_dir: Path, opts: RunOptions) -> list[Component]:

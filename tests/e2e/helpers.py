@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import yaml
 
 from tests.conftest import REPO, subprocess_env
+from tests.kafka_helpers import wait_for  # noqa: F401 - the e2e tests import it from here
 
 
 def recipe_copy(name: str, tmp_path: Path, **overrides: Any) -> Path:
@@ -69,15 +69,6 @@ def processes_of(run_dir: Path) -> list[tuple[int, str]]:
         if str(run_dir) in cmd and state != "Z":
             found.append((int(proc.name), cmd))
     return found
-
-
-def wait_for(predicate: Any, timeout: float, what: str, interval: float = 1.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def trainer_steps(run_dir: Path, policy: str) -> int:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from astraflow import broker
 from astraflow.config import KafkaSettings
@@ -18,19 +18,9 @@ from astraflow.kafka import client_config
 from astraflow.records import Metric, WeightVersion, encode
 from astraflow.runner.collector import Collector
 from tests.conftest import REPO, subprocess_env
+from tests.kafka_helpers import commit
 
 pytestmark = [pytest.mark.broker]
-
-
-def commit(kafka: KafkaSettings, group: str, topic: str, offsets: dict[int, int]) -> None:
-    # A consumer of the group that never joins it, as the probes read them (the admin client's
-    # group-offset calls can crash librdkafka on a new broker: see collector.Probes).
-    consumer = Consumer({**client_config(kafka), "group.id": kafka.group(group), "enable.auto.commit": False})
-    try:
-        consumer.commit(offsets=[TopicPartition(kafka.topic(topic), p, o) for p, o in offsets.items()],
-                        asynchronous=False)
-    finally:
-        consumer.close()
 
 
 def test_collector_reports_lag_dead_letters_metrics_and_weights(kafka: KafkaSettings, topics) -> None:  # type: ignore[no-untyped-def]

@@ -1,5 +1,5 @@
 """Records through a real broker: the codec with plain confluent-kafka clients, dead letters,
-oversized records, and at-least-once consumption."""
+oversized records, at-least-once consumption, and the consumer errors TopicReader raises."""
 
 from __future__ import annotations
 
@@ -8,41 +8,26 @@ import time
 
 import msgpack
 import pytest
-from confluent_kafka import Consumer
 
 from astraflow.config import KafkaSettings
 from astraflow.kafka import (
-    AtLeastOnceConsumer,
     DeadLetters,
     DeliveryError,
+    KafkaReadError,
     Publisher,
-    client_config,
+    TopicReader,
     decode_or_deadletter,
+    read_to_end,
 )
 from astraflow.records import DeadLetter, Trajectory, decode, encode
 from tests.foundation.test_records import make_traj, seed_records
+from tests.kafka_helpers import read_messages
 
 pytestmark = pytest.mark.broker
 
 
 def read_all(settings: KafkaSettings, topic: str, expect: int, timeout: float = 30.0) -> list:
-    consumer = Consumer({**client_config(settings), "group.id": f"reader-{time.time_ns()}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    consumer.subscribe([settings.topic(topic)])
-    got = []
-    deadline = time.monotonic() + timeout
-    try:
-        while len(got) < expect and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is not None and msg.error() is None:
-                got.append(msg)
-        # and nothing more arrives
-        extra = consumer.poll(1.0)
-        if extra is not None and extra.error() is None:
-            got.append(extra)
-    finally:
-        consumer.close()
-    return got
+    return read_messages(settings, topic, until=lambda got: len(got) >= expect, timeout=timeout, settle=1.0)
 
 
 def test_codec_records_read_back_with_a_plain_consumer(kafka: KafkaSettings, topics) -> None:  # type: ignore[no-untyped-def]
@@ -71,16 +56,17 @@ def test_wrong_field_type_lands_in_deadletter_with_its_reason(kafka: KafkaSettin
 
     dead = DeadLetters(Publisher(kafka), component="test-consumer")
     ok: list[Trajectory] = []
-    with AtLeastOnceConsumer(kafka, "validators", ["trajectories"]) as consumer:
+    with TopicReader(kafka, ["trajectories"], group="validators") as reader:
+        reader.subscribe()
         deadline = time.monotonic() + 30
         while len(ok) + dead.count < 3 and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
+            msg = reader.poll(0.5)
             if msg is None:
                 continue
             record = decode_or_deadletter(msg, Trajectory, dead)
             if record is not None:
                 ok.append(record)
-            consumer.done(msg)
+            reader.consumer.store_offsets(message=msg)
         dead.publisher.flush()
     assert ok == [make_traj()]
     letters = [decode(m.value(), DeadLetter) for m in read_all(kafka, "deadletter", 2)]
@@ -105,28 +91,58 @@ def test_oversized_record_is_a_clear_error(kafka: KafkaSettings, topics) -> None
         pub.send_raw("trajectories", os.urandom(20 << 20))  # over the client's own limit
 
 
+def _take(reader: TopicReader, n: int, timeout: float = 30.0) -> list:
+    """Join the reader's group and poll until `n` messages came (or `timeout`)."""
+    reader.subscribe()
+    got: list = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < deadline:
+        msg = reader.poll(0.5)
+        if msg is not None:
+            got.append(msg)
+    return got
+
+
 def test_offsets_advance_only_past_processed_messages(kafka: KafkaSettings, topics) -> None:  # type: ignore[no-untyped-def]
     topics(["solver"])
     pub = Publisher(kafka)
     for i in range(6):
         pub.send_raw("metrics", f"m{i}".encode(), key=b"same-partition")
     pub.flush()
-    with AtLeastOnceConsumer(kafka, "alo", ["metrics"]) as first:
-        seen = []
-        deadline = time.monotonic() + 30
-        while len(seen) < 6 and time.monotonic() < deadline:
-            msg = first.poll(0.5)
-            if msg is not None:
-                seen.append(msg)
+    with TopicReader(kafka, ["metrics"], group="alo") as first:
+        seen = _take(first, 6)
         assert [m.value() for m in seen] == [f"m{i}".encode() for i in range(6)]
-        for msg in seen[:3]:
-            first.done(msg)  # the last three were "in flight" when this consumer went away
-        first.commit()
-    with AtLeastOnceConsumer(kafka, "alo", ["metrics"]) as second:
-        again = []
-        deadline = time.monotonic() + 30
-        while len(again) < 3 and time.monotonic() < deadline:
-            msg = second.poll(0.5)
-            if msg is not None:
-                again.append(msg.value())
+        for msg in seen[:3]:  # the last three were "in flight" when this consumer went away
+            first.consumer.store_offsets(message=msg)
+        first.consumer.commit(asynchronous=False)
+    with TopicReader(kafka, ["metrics"], group="alo") as second:
+        again = [m.value() for m in _take(second, 3)]
     assert again == [b"m3", b"m4", b"m5"]
+
+
+def test_a_reader_of_an_unknown_topic_raises_naming_it(kafka: KafkaSettings, topics) -> None:  # type: ignore[no-untyped-def]
+    """Subscribed or assigned, a topic that does not exist stops the reader with a clear error
+    (the loops this replaced dropped every consumer error and spun on)."""
+    topics(["solver"])
+    missing = rf"{kafka.topic('no-such-topic')} does not exist"
+    with TopicReader(kafka, ["no-such-topic"], group="lost") as reader:
+        reader.missing_s = 1.0  # it may be a fresh topic for this long
+        reader.subscribe()
+        with pytest.raises(KafkaReadError, match=missing):
+            for _ in range(200):
+                reader.poll(0.2)
+        with pytest.raises(KafkaReadError, match=missing):
+            reader.end_offsets(kafka.topic("no-such-topic"), timeout=1.0)  # the assigning readers' check
+
+
+def test_read_to_end_reads_every_partition_from_the_beginning(kafka: KafkaSettings, topics) -> None:  # type: ignore[no-untyped-def]
+    topics(["solver"])
+    records = seed_records()
+    pub = Publisher(kafka)
+    for i, r in enumerate(records):
+        pub.send("metrics", r, key=f"k{i}")  # keys spread them over the partitions
+    pub.send_raw("metrics", b"not a record")  # skipped: reports read what they can
+    pub.flush()
+    got = read_to_end(kafka, "metrics")
+    assert sorted(map(repr, (r for _, r in got))) == sorted(map(repr, records))
+    assert all(ts > 0 for ts, _ in got)

@@ -19,6 +19,7 @@ import yaml
 from astraflow.config import KafkaSettings
 from astraflow.records import Record, decode, encode
 from tests.conftest import subprocess_env
+from tests.kafka_helpers import read_messages
 
 READY_MARK = "[^Worker]: Ready"
 
@@ -120,29 +121,8 @@ class StreamsHarness:
     def read(self, topic: str, *, expect: int | None = None, timeout: float = 60.0, settle: float = 3.0) -> list[Any]:
         """All records of a topic (base name): read until `expect` are there (or `timeout`), then
         `settle` more seconds with nothing new, so extra records (duplicates) are seen too."""
-        from confluent_kafka import Consumer, TopicPartition
-
-        c = Consumer({"bootstrap.servers": self.kafka.bootstrap, "group.id": "reader", "enable.auto.commit": False,
-                      "fetch.message.max.bytes": 32 << 20})
-        full = self.kafka.topic(topic)
-        md = c.list_topics(full, timeout=10)
-        c.assign([TopicPartition(full, p, 0) for p in md.topics[full].partitions])
-        out: list[Any] = []
-        deadline = time.monotonic() + timeout
-        quiet_since = time.monotonic()
-        try:
-            while True:
-                msg = c.poll(0.2)
-                now = time.monotonic()
-                if msg is not None and msg.error() is None:
-                    out.append(msg)
-                    quiet_since = now
-                    continue
-                reached = expect is None or len(out) >= expect
-                if (reached and now - quiet_since >= settle) or now > deadline:
-                    return out
-        finally:
-            c.close()
+        until = None if expect is None else (lambda m: len(m) >= expect)
+        return read_messages(self.kafka, topic, until=until, timeout=timeout, settle=settle)
 
     def records(self, topic: str, **kw: Any) -> list[Any]:
         return [decode(m.value()) for m in self.read(topic, **kw)]

@@ -62,30 +62,3 @@ def recipe(kafka: KafkaSettings, policies: tuple[str, ...] = ("p",), model: Mode
         "name": "t", "policies": [{"name": p} for p in policies], "model": model.model_dump(),
         "max_staleness": 100, "kafka": kafka.model_dump(), "trainer": base,
     })
-
-
-def read_topic(settings: KafkaSettings, base: str, cls: type | None = None) -> list:
-    """Every record now in a topic (all partitions, up to the high watermarks), decoded if `cls`."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    from astraflow.kafka import client_config
-    from astraflow.records import decode
-
-    consumer = Consumer({**client_config(settings), "group.id": "reader", "enable.auto.commit": False})
-    topic = settings.topic(base)
-    try:
-        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in parts}
-        consumer.assign([TopicPartition(topic, p, lo) for p, (lo, hi) in ends.items() if hi > lo])
-        left = {p: hi for p, (lo, hi) in ends.items() if hi > lo}  # compaction may leave offset gaps
-        out = []
-        while left:
-            msg = consumer.poll(10)
-            assert msg is not None, f"{topic}: still waiting for partitions {sorted(left)}"
-            if msg.error() is None:
-                out.append(decode(msg.value(), cls) if cls else msg)
-                if msg.offset() + 1 >= left.get(msg.partition(), 0):
-                    left.pop(msg.partition(), None)
-        return out
-    finally:
-        consumer.close()

@@ -59,7 +59,8 @@ def test_two_gloo_processes_compute_the_same_gradients_and_weights(tmp_path: Pat
 def test_the_trainer_under_torchrun_trains_like_one_process(kafka, topics, tmp_path: Path, parallel: str) -> None:  # type: ignore[no-untyped-def]
     import yaml
 
-    from tests.trainer.synth import make_group, produce, read_topic, recipe
+    from tests.kafka_helpers import read_now
+    from tests.trainer.synth import make_group, produce, recipe
     from trainer.service import Trainer
 
     topics(["p"])
@@ -93,7 +94,7 @@ def test_the_trainer_under_torchrun_trains_like_one_process(kafka, topics, tmp_p
         torch.testing.assert_close(ddp[k], single[k], rtol=0, atol=float(moved) * 1e-2)
     from astraflow.records import WeightVersion
 
-    versions = [e.version for e in read_topic(kafka, "weights", WeightVersion)]
+    versions = [e.version for e in read_now(kafka, "weights", WeightVersion)]
     # each run announced versions 0..3; the resumed FSDP job announced its version 2 again first
     assert sorted(versions) == sorted([0, 1, 2, 3] * 2 + ([2] if parallel == "fsdp" else []))
     trained = [[g for line in (tmp_path / d / "trainer/p/trained.jsonl").read_text().splitlines()

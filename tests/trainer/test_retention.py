@@ -12,7 +12,7 @@ import pytest
 
 from astraflow.config import KafkaSettings
 from trainer import retention
-from trainer.service import Trainer
+from trainer.intake import SampleIntake
 
 
 def test_gaps_are_where_the_low_watermark_passed_the_checkpoint() -> None:
@@ -25,7 +25,7 @@ def test_gaps_are_where_the_low_watermark_passed_the_checkpoint() -> None:
         "read them (partition 1: offsets 50..79, partition 4: offsets 0..1); it resumes at the earliest offsets left")
 
 
-class _Consumer:
+class _Watermarks:
     def __init__(self, lows: dict[int, int]) -> None:
         self.lows = lows
 
@@ -34,23 +34,23 @@ class _Consumer:
 
 
 def test_the_trainer_warns_and_counts_at_setup(caplog: pytest.LogCaptureFixture) -> None:
-    me = SimpleNamespace(consumer=_Consumer({0: 10, 1: 3}), topic="samples.p", partitions=[0, 1],
+    me = SimpleNamespace(consumer=_Watermarks({0: 10, 1: 3}), topic="samples.p", partitions=[0, 1],
                          buffer=SimpleNamespace(counts=Counter({"samples.lost_to_retention": 5})))
-    with caplog.at_level(logging.WARNING, logger="trainer.service"):
-        Trainer._check_retention(me, {0: 4, 1: 3})  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="trainer.intake"):
+        SampleIntake.check_retention(me, {0: 4, 1: 3})  # type: ignore[arg-type]
     assert me.buffer.counts["samples.lost_to_retention"] == 11  # a running total across restarts
     assert "partition 0: offsets 4..9" in caplog.text and "6 samples" in caplog.text
     caplog.clear()
-    Trainer._check_retention(me, {0: 10, 1: 3})  # type: ignore[arg-type]
+    SampleIntake.check_retention(me, {0: 10, 1: 3})  # type: ignore[arg-type]
     assert me.buffer.counts["samples.lost_to_retention"] == 11 and not caplog.text
 
 
 @pytest.mark.broker
 def test_low_watermarks_after_records_were_deleted(kafka: KafkaSettings, topics: Any) -> None:
-    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka import Producer, TopicPartition
     from confluent_kafka.admin import AdminClient
 
-    from astraflow.kafka import client_config, producer_config
+    from astraflow.kafka import client_config, make_consumer, producer_config
 
     topics(["policy"])
     name = kafka.topic("samples.policy")
@@ -61,7 +61,7 @@ def test_low_watermarks_after_records_were_deleted(kafka: KafkaSettings, topics:
     admin = AdminClient(client_config(kafka))
     for fut in admin.delete_records([TopicPartition(name, 0, 6)]).values():
         fut.result(30)
-    consumer = Consumer({**client_config(kafka), "group.id": "retention-probe", "enable.auto.commit": False})
+    consumer = make_consumer(kafka, "retention-probe", **{"enable.auto.commit": False})
     try:
         parts = sorted(consumer.list_topics(name, timeout=15).topics[name].partitions)
         lows = retention.low_watermarks(consumer, name, parts)

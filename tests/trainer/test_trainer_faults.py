@@ -19,7 +19,8 @@ from astraflow.config import KafkaSettings, Recipe
 from astraflow.records import WeightVersion
 from astraflow.weights import fetch_weights
 from tests.conftest import subprocess_env
-from tests.trainer.synth import make_group, produce, read_topic, recipe
+from tests.kafka_helpers import read_now, wait_for
+from tests.trainer.synth import make_group, produce, recipe
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -39,14 +40,6 @@ def start(recipe_file: Path, run_dir: Path, policy: str = "p") -> subprocess.Pop
 def ledger(run_dir: Path, policy: str = "p") -> list[dict]:
     path = run_dir / "trainer" / policy / "trained.jsonl"
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
-
-
-def wait_for(cond, proc: subprocess.Popen[str], what: str, timeout: float = 120.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert proc.poll() is None, f"trainer exited with {proc.returncode} while waiting for {what}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def checkpoints(run_dir: Path, policy: str = "p") -> list[int]:
@@ -72,12 +65,12 @@ def test_sigkill_between_checkpoints_then_restart_trains_every_group_once(kafka:
     produce(kafka, wave1, "p")
     proc = start(rfile, run_dir)
     try:
-        wait_for(lambda: len(ledger(run_dir)) >= 5, proc, "five trained batches")
+        wait_for(lambda: len(ledger(run_dir)) >= 5, 120, "five trained batches", 0.1, proc)
         time.sleep(0.5)  # nothing more can train: the half groups are incomplete
         assert len(ledger(run_dir)) == 5 and checkpoints(run_dir)[-1] == 4  # step 5 is not checkpointed
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(30) == -signal.SIGKILL
-        before = {e.version: e for e in read_topic(kafka, "weights", WeightVersion)}
+        before = {e.version: e for e in read_now(kafka, "weights", WeightVersion)}
         assert max(before) == 2  # published at steps 2 and 4
 
         # wave 2, as a restarted streams stage would send it: the rest of the half groups, seven new
@@ -86,7 +79,8 @@ def test_sigkill_between_checkpoints_then_restart_trains_every_group_once(kafka:
         wave2 += [s for i in range(13, 20) for s in groups[f"g{i:02d}"]] + groups["g00"] + groups["g08"]
         produce(kafka, wave2, "p")
         proc = start(rfile, run_dir)
-        wait_for(lambda: sum(len(x["groups"]) for x in ledger(run_dir)) >= 20, proc, "all 20 groups")
+        wait_for(lambda: sum(len(x["groups"]) for x in ledger(run_dir)) >= 20, 120, "all 20 groups", 0.1,
+                 proc)
         time.sleep(1.0)  # give a wrongly re-trained duplicate the chance to show up
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
@@ -103,7 +97,7 @@ def test_sigkill_between_checkpoints_then_restart_trains_every_group_once(kafka:
     final = json.loads((run_dir / "trainer/p/checkpoints/step-00000010/trainer_state.json").read_text())
     # re-read after the seek to the checkpoint's offsets, or re-sent: dropped as duplicates
     assert final["buffer"]["counts"]["samples.duplicate"] >= 8
-    after = read_topic(kafka, "weights", WeightVersion)
+    after = read_now(kafka, "weights", WeightVersion)
     assert sorted({e.version for e in after}) == list(range(6))
     for e in after:  # a version announced twice (before and after the crash) is the same weights
         first = before.get(e.version) or next(x for x in after if x.version == e.version)
@@ -123,18 +117,19 @@ def test_lockstep_policies_never_run_more_than_one_version_apart(kafka: KafkaSet
     a = start(rfile, run_dir, "a")
     b = None
     try:
-        wait_for(lambda: any(e.policy == "a" for e in read_topic(kafka, "weights", WeightVersion)), a, "a's version 0")
+        wait_for(lambda: any(e.policy == "a" for e in read_now(kafka, "weights", WeightVersion)), 120,
+                 "a's version 0", 0.1, a)
         time.sleep(2.0)
         assert ledger(run_dir, "a") == []  # b has not published version 0: a may not train
         b = start(rfile, run_dir, "b")
         for name, proc in (("a", a), ("b", b)):
-            wait_for(lambda n=name: len(ledger(run_dir, n)) >= 4, proc, f"{name}'s four steps")
+            wait_for(lambda n=name: len(ledger(run_dir, n)) >= 4, 120, f"{name}'s four steps", 0.1, proc)
         # a step's ledger line is written before its version is published: wait for both version 4s
         for name, proc in (("a", a), ("b", b)):
             wait_for(lambda n=name: any(e.policy == n and e.version == 4
-                                        for e in read_topic(kafka, "weights", WeightVersion)),
-                     proc, f"{name}'s version 4")
-        events = read_topic(kafka, "weights", WeightVersion)
+                                        for e in read_now(kafka, "weights", WeightVersion)),
+                     120, f"{name}'s version 4", 0.1, proc)
+        events = read_now(kafka, "weights", WeightVersion)
         latest = {e.policy: e for e in events}
         assert latest["b"].snapshot_uri.startswith("http://127.0.0.1:")  # served by b's trainer
         assert fetch_weights(latest["b"], None).version == 4

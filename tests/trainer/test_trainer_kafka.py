@@ -13,8 +13,9 @@ from safetensors.torch import load_file
 from astraflow.config import KafkaSettings
 from astraflow.records import DeadLetter, Metric, WeightVersion
 from astraflow.weights import fetch_weights
+from tests.kafka_helpers import read_now
 from tests.trainer.helpers import assert_bit_identical
-from tests.trainer.synth import make_group, produce, read_topic, recipe
+from tests.trainer.synth import make_group, produce, recipe
 from trainer.service import Trainer
 
 pytestmark = pytest.mark.broker
@@ -36,7 +37,7 @@ def test_ten_published_deltas_rebuild_the_trainers_weights_bit_for_bit(kafka: Ka
     r = recipe(kafka, batch_groups=1, keep_checkpoints=20, snapshot_every=100, lr=1e-3)
     assert Trainer(r, "p", run_dir=tmp_path, settings=kafka, max_steps=10).run() == 0
 
-    events = read_topic(kafka, "weights", WeightVersion)
+    events = read_now(kafka, "weights", WeightVersion)
     assert [e.version for e in events] == list(range(11))  # version 0 at start, then one per step
     assert all(e.snapshot_version == 0 and e.delta_base == e.version - 1 for e in events[1:])
     held = fetch_weights(events[0], None)
@@ -52,7 +53,7 @@ def test_ten_published_deltas_rebuild_the_trainers_weights_bit_for_bit(kafka: Ka
     assert all(0 < c < 1 for c in changed)
     assert sum(e.delta_bytes for e in events[1:]) < 10 * events[0].snapshot_bytes
 
-    metrics = [m for m in read_topic(kafka, "metrics", Metric) if m.component == "trainer"]
+    metrics = [m for m in read_now(kafka, "metrics", Metric) if m.component == "trainer"]
     assert [m.step for m in metrics] == list(range(1, 11))
     names = set(metrics[-1].values)
     for name in ("loss", "loss.pg", "clip_fraction", "entropy", "mismatch.abs", "mismatch.kl", "grad_norm", "lr",
@@ -102,13 +103,13 @@ def test_bad_records_duplicates_and_stale_samples_are_counted_not_trained(kafka:
         (["g1#0"], True, 0), (["g2#0"], True, 0), (["g3#0"], False, 4), (["g4#0"], True, 0)]
     counts = trainer.buffer.counts
     assert counts["samples.duplicate"] == 2 and counts["samples.stale"] == 4 and counts["groups.trained"] == 4
-    dead = read_topic(kafka, "deadletter", DeadLetter)
+    dead = read_now(kafka, "deadletter", DeadLetter)
     assert len(dead) == 2 and all(d.component == "trainer" for d in dead)
     assert "on the topic of 'p'" in dead[0].error and dead[0].key == b"other#0"
     assert "not a msgpack record" in dead[1].error and dead[1].raw == b"\x93garbage"
-    last = [m for m in read_topic(kafka, "metrics", Metric) if m.component == "trainer"][-1]
+    last = [m for m in read_now(kafka, "metrics", Metric) if m.component == "trainer"][-1]
     assert last.values["samples.stale"] == 4 and last.values["deadletter"] == 2
     # every event says how many groups were consumed: the all-stale g3 (no new version) is announced
     # too, so the feeder's admission control sees it consumed
-    progress = [(w.version, w.groups_consumed) for w in read_topic(kafka, "weights", WeightVersion)]
+    progress = [(w.version, w.groups_consumed) for w in read_now(kafka, "weights", WeightVersion)]
     assert progress[-4:] == [(1, 1), (2, 2), (2, 3), (3, 4)], progress

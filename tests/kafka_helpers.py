@@ -1,0 +1,96 @@
+"""Helpers shared by the broker tests: read a topic back, look up or commit a group's offsets, and
+wait for a condition. The readers are astraflow.kafka's TopicReader, as in the components."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+from astraflow.config import KafkaSettings
+from astraflow.kafka import TopicReader, make_consumer
+from astraflow.records import decode
+
+
+def read_messages(settings: KafkaSettings, topic: str, *, until: Callable[[list[Any]], bool] | None = None,
+                  timeout: float = 30.0, settle: float = 2.0) -> list[Any]:
+    """The messages of the base topic `topic` from the beginning (every partition): read until
+    `until(messages)` holds (or `timeout`), then until `settle` seconds pass with nothing new, so
+    extra records (duplicates) are seen too."""
+    out: list[Any] = []
+    deadline = quiet_since = time.monotonic()
+    deadline += timeout
+    with TopicReader(settings, [topic], from_beginning=True) as reader:
+        while True:
+            msg = reader.poll(0.2)
+            now = time.monotonic()
+            if msg is not None:
+                out.append(msg)
+                quiet_since = now
+            if ((until is None or until(out)) and now - quiet_since >= settle) or now > deadline:
+                return out
+
+
+def read_topic(settings: KafkaSettings, topic: str, cls: type | None = None, *,
+               until: Callable[[list[Any]], bool] | None = None, timeout: float = 30.0,
+               settle: float | None = None) -> list[Any]:
+    """`read_messages` decoded (as `cls` if given; `until` sees the records). Without `until` it
+    stops once the topic was quiet for 2 s; with it, as soon as it holds, unless `settle` says."""
+    records: list[Any] = []
+
+    def holds(msgs: list[Any]) -> bool:
+        records.extend(decode(m.value(), cls) for m in msgs[len(records):])
+        return until is None or until(records)
+
+    msgs = read_messages(settings, topic, until=holds, timeout=timeout,
+                         settle=settle if settle is not None else (2.0 if until is None else 0.0))
+    holds(msgs)
+    return records
+
+
+def read_now(settings: KafkaSettings, topic: str, cls: type | None = None,
+             timeout: float = 60.0) -> list[Any]:
+    """The records of `topic` up to its end offsets at the call (decoded, as `cls` if given)."""
+    with TopicReader(settings, [topic], from_beginning=True) as reader:
+        return [decode(m.value(), cls) for m in reader.to_end(timeout)]
+
+
+def committed(settings: KafkaSettings, group: str, topic: str) -> dict[int, int]:
+    """Committed offsets of the base consumer group `group` on `topic`, per partition."""
+    from confluent_kafka import TopicPartition
+
+    name = settings.topic(topic)
+    with TopicReader(settings, group=group, **{"enable.auto.commit": False}) as reader:
+        parts = [TopicPartition(name, p) for p in reader.end_offsets(name)]
+        return {tp.partition: tp.offset for tp in reader.consumer.committed(parts, timeout=15)}
+
+
+def end_offsets(settings: KafkaSettings, topic: str) -> dict[int, int]:
+    with TopicReader(settings) as reader:
+        return reader.end_offsets(settings.topic(topic))
+
+
+def commit(settings: KafkaSettings, group: str, topic: str, offsets: dict[int, int]) -> None:
+    """Commit `offsets` for the base group `group` from a consumer that never joins it, as the
+    collector's probes read them."""
+    from confluent_kafka import TopicPartition
+
+    consumer = make_consumer(settings, group, **{"enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[TopicPartition(settings.topic(topic), p, o) for p, o in offsets.items()],
+                        asynchronous=False)
+    finally:
+        consumer.close()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 1.0,
+             proc: subprocess.Popen[Any] | None = None) -> None:
+    """Return once `predicate()` is true; fail after `timeout`, or as soon as `proc` has exited."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process exited with {proc.returncode} while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)

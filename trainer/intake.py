@@ -1,0 +1,99 @@
+"""The trainer's input: `samples.<P>` read into its GroupBuffer (on the leader rank only).
+
+Partitions are assigned explicitly and positioned at the offsets stored in the last checkpoint
+(Kafka's committed offsets are only informational, for lag monitoring); bad records go to
+`deadletter`; partitions added to the topic later (`astraflow topics apply` grows them) are read
+from their beginning once seen; retention that deleted samples past the checkpoint is reported
+(trainer/retention.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from astraflow.config.kafka import KafkaSettings
+from astraflow.kafka import DeadLetters, TopicReader, decode_or_deadletter
+from astraflow.records import Sample
+from trainer import retention
+from trainer.batching import BadSample, GroupBuffer
+
+log = logging.getLogger(__name__)
+#: How often the leader looks for partitions added to its samples topic.
+PARTITION_CHECK_S = 30.0
+
+
+class SampleIntake:
+    def __init__(self, settings: KafkaSettings, policy: str, buffer: GroupBuffer, dead: DeadLetters,
+                 policies: frozenset[str]) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        self.buffer, self.dead, self.policies = buffer, dead, policies
+        self.topic = settings.topic(f"samples.{policy}")
+        self.reader = TopicReader(settings, group=f"trainer.{policy}", **{"enable.auto.commit": False})
+        self.consumer: Any = self.reader.consumer
+        #: offsets of the last checkpoint, to commit from the trainer's thread (set by any thread)
+        self.uncommitted: dict[str, int] | None = None
+        offsets = buffer.offsets()
+        self.partitions = sorted(self.reader.end_offsets(self.topic))
+        self.check_retention(offsets)
+        self.consumer.assign([TopicPartition(self.topic, p, offsets.get(p, OFFSET_BEGINNING))
+                              for p in self.partitions])
+        self.partition_check = time.monotonic()
+
+    def check_retention(self, offsets: dict[int, int]) -> None:
+        """Say so when retention deleted samples past the checkpoint (trainer/retention.py)."""
+        found = retention.gaps(offsets, retention.low_watermarks(self.consumer, self.topic, self.partitions))
+        if found:
+            log.warning(retention.describe(self.topic, found))
+            self.buffer.counts["samples.lost_to_retention"] += sum(low - off for off, low in found.values())
+
+    def poll(self, timeout: float) -> None:
+        """Wait up to `timeout` for the first message, then take whatever else is ready. (A batch
+        `consume(n, timeout)` returns early only once it has n messages: with fewer it waited the
+        whole timeout, which put 0.2 s into every step the trainer had to wait for.)"""
+        self.commit_offsets()
+        for msg in self.reader.poll_batch(timeout, 1000):
+            self._intake(msg)
+
+    def grow_partitions(self) -> None:
+        """Read partitions added to the topic since we started (`astraflow topics apply` grows them)."""
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        self.partition_check = time.monotonic()
+        parts = self.consumer.list_topics(self.topic, timeout=5).topics[self.topic].partitions
+        new = sorted(set(parts) - set(self.partitions))
+        if new:
+            self.consumer.incremental_assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in new])
+            self.partitions += new
+            log.warning("%s: now also reading new partitions %s", self.topic, new)
+
+    def _intake(self, msg: Any) -> None:
+        sample = decode_or_deadletter(msg, Sample, self.dead, self.policies)
+        if sample is None:
+            self.buffer.consumed(msg.partition(), msg.offset())
+            return
+        try:
+            self.buffer.add(sample, msg.partition(), msg.offset())
+        except BadSample as exc:
+            self.dead.publish_message(msg, str(exc))
+
+    def commit_offsets(self) -> None:
+        """Tell Kafka how far the last checkpoint is, for lag monitoring only (restarts use the
+        checkpoint). Called by the trainer's thread: a commit from another thread while the
+        consumer polls hangs in confluent-kafka (seen here: it never returned)."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        offsets, self.uncommitted = self.uncommitted, None
+        if offsets is None:
+            return
+        try:
+            self.consumer.commit(offsets=[TopicPartition(self.topic, int(p), o) for p, o in offsets.items()],
+                                 asynchronous=True)
+        except KafkaException as exc:
+            log.info("offset commit (informational) failed: %s", exc)
+
+    def close(self) -> None:
+        self.commit_offsets()
+        self.reader.close()
