@@ -51,6 +51,28 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+def episode_delay_s() -> float:
+    """Fault injection for the elasticity tests (ASTRAFLOW_WORKER_FAILPOINT=episode_delay_ms:N): every
+    episode holds its slot N ms longer, as on a slower machine; the sleep costs no CPU, so several
+    slowed workers fit on two cores. Test-only: unset, there is no delay."""
+    where, _, n = os.environ.get("ASTRAFLOW_WORKER_FAILPOINT", "").partition(":")
+    if not where:
+        return 0.0
+    if where != "episode_delay_ms" or not n.isdigit():
+        raise ConfigError(f"ASTRAFLOW_WORKER_FAILPOINT={where}:{n}: the one failpoint is episode_delay_ms:<int>")
+    return int(n) / 1000.0
+
+
+def task_consumer_config(settings: KafkaSettings, group: str, worker_id: str) -> dict[str, Any]:
+    """The consumer of `tasks`: cooperative-sticky, so a worker that joins or leaves moves only the
+    partitions that change hands (an eager protocol would revoke every partition of every worker and
+    cancel their tasks); no static membership (`group.instance.id`), whose members leave without
+    telling the group, which stalls their partitions for a session timeout on every scale-down.
+    bench/workers_elastic.py measures the pauses of these choices side by side."""
+    return consumer_config(settings, group, **{"partition.assignment.strategy": "cooperative-sticky",
+                                               "client.id": worker_id})
+
+
 class Worker:
     def __init__(self, recipe: Recipe, run_dir: Path, settings: KafkaSettings, worker_id: str | None = None,
                  region: str | None = None) -> None:
@@ -77,6 +99,7 @@ class Worker:
                                       "deadletters", "episode_errors", "weights_late")}
         self.engines: dict[str, Engine] = {}
         self.topic = settings.topic("tasks")
+        self.episode_delay_s = episode_delay_s()
 
     # ------------------------------------------------------------------ setup
 
@@ -112,9 +135,7 @@ class Worker:
                                        cache_dir=self.run_dir / "cache" / "weights")
         await asyncio.to_thread(self.follower.catch_up)
         self.follower.start()
-        conf = consumer_config(self.settings, self.cfg.group, **{
-            "partition.assignment.strategy": "cooperative-sticky", "client.id": self.worker_id})
-        self.consumer = Consumer(conf)
+        self.consumer = Consumer(task_consumer_config(self.settings, self.cfg.group, self.worker_id))
         self.consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_revoke)
         self._started = time.monotonic()
@@ -271,6 +292,8 @@ class Worker:
             async with self.slots:
                 self.running_episodes += 1
                 try:
+                    if self.episode_delay_s:
+                        await asyncio.sleep(self.episode_delay_s)
                     trajs, tokens = await run_episode(self.runtime, task, k, self.engines, self.worker_id,
                                                       self.region)
                 finally:
