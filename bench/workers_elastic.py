@@ -2,12 +2,14 @@
 
 Members of one consumer group on an 8-partition `tasks` topic, each a consumer with the workers'
 own settings (`workers.worker.task_consumer_config`), in threads of this process: they take
-messages, store offsets after "processing" (at once: the pause measured is the group protocol's,
-not an episode's) and commit on revoke, as the worker does. A producer writes a steady stream of
-time-stamped messages round-robin over the partitions. Membership goes 1 -> 6 (one join every
+messages, store offsets after "processing" and commit on revoke, as the worker does. A producer
+writes a steady stream of time-stamped messages round-robin over the partitions. Each message is held `--episode` seconds
+before its offset is stored; a revoked partition's messages in flight are released (re-run by the new
+owner), as the worker cancels a revoked task's episodes. Membership goes 1 -> 6 (one join every
 `--step` seconds) -> 2 (one `close()` every step), as in tests/e2e/test_elastic_scale.py.
 
-The pause of a join or leave = the longest wait (consumed - produced) of a message produced between
+The pause of a join or leave = the longest wait (last taken - produced: a released message waits for
+its re-delivery) of a message produced between
 that change and the next, less the median wait of the whole run; "stalled" = partitions where some
 message of the window waited 250 ms more than the median. Two windows without a change ("steady")
 give the noise floor of the machine. Variants, one after another on the same broker:
@@ -51,34 +53,55 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 
 class Member(threading.Thread):
-    """One worker's consumer: poll, record (partition, offset, produced, consumed), store offsets."""
+    """One worker's consumer: poll, record (partition, offset, produced, consumed), hold each message
+    `episode_s` (an episode in flight), then store its offset. A revoked partition's messages in
+    flight are released, not finished, as the worker cancels them: their new owner runs them again."""
 
-    def __init__(self, name: str, conf: dict[str, Any], topic: str, log: list[tuple[int, int, float, float]]) -> None:
+    def __init__(self, name: str, conf: dict[str, Any], topic: str, log: list[tuple[int, int, float, float]],
+                 episode_s: float) -> None:
         super().__init__(name=name, daemon=True)
         from confluent_kafka import Consumer
 
         self.consumer = Consumer(conf)
         self.topic = topic
         self.log = log
+        self.episode_s = episode_s
+        self.in_flight: dict[tuple[int, int], float] = {}  # (partition, offset) -> done at
+        self.released = 0
         self.stopping = threading.Event()
-        self.lock = threading.Lock()
         self.consumer.subscribe([topic], on_revoke=self._on_revoke, on_lost=self._on_revoke)
 
-    def _on_revoke(self, consumer: Any, _partitions: list[Any]) -> None:
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        revoked = {tp.partition for tp in partitions}
+        for key in [k for k in self.in_flight if k[0] in revoked]:
+            del self.in_flight[key]
+            self.released += 1
         with contextlib.suppress(Exception):  # nothing stored yet is an error; the worker ignores it too
             consumer.commit(asynchronous=False)
 
-    def run(self) -> None:
+    def _finish(self, now: float) -> None:
         from confluent_kafka import TopicPartition
 
+        for (p, off), done in list(self.in_flight.items()):
+            if done <= now:  # one duration for all: done in the order taken, as the OffsetTracker needs
+                del self.in_flight[(p, off)]
+                self.consumer.store_offsets(offsets=[TopicPartition(self.topic, p, off + 1)])
+
+    def run(self) -> None:
         while not self.stopping.is_set():
             msg = self.consumer.poll(0.02)
+            now = time.time()
+            self._finish(now)
             if msg is None or msg.error() is not None:
                 continue
-            now = time.time()
             (produced,) = struct.unpack("!d", msg.value())
             self.log.append((msg.partition(), msg.offset(), produced, now))
-            self.consumer.store_offsets(offsets=[TopicPartition(self.topic, msg.partition(), msg.offset() + 1)])
+            self.in_flight[(msg.partition(), msg.offset())] = now + self.episode_s
+        # like the worker's drain: finish what is in flight, then leave
+        deadline = time.time() + self.episode_s + 1
+        while self.in_flight and time.time() < deadline:
+            self.consumer.poll(0.02)
+            self._finish(time.time())
         self.consumer.close()  # leaves the group (a static member does not)
 
     def stop(self) -> None:
@@ -99,7 +122,7 @@ def producer_loop(settings: KafkaSettings, topic: str, rate: float, stop: thread
     producer.flush(30)
 
 
-def run_variant(settings: KafkaSettings, name: str, step_s: float, rate: float) -> dict[str, Any]:
+def run_variant(settings: KafkaSettings, name: str, step_s: float, rate: float, episode_s: float) -> dict[str, Any]:
     from confluent_kafka.admin import NewTopic
 
     from workers.worker import task_consumer_config
@@ -120,7 +143,7 @@ def run_variant(settings: KafkaSettings, name: str, step_s: float, rate: float) 
                 conf.pop(key, None)
             else:
                 conf[key] = value.format(member=f"m{i}") if isinstance(value, str) else value
-        m = Member(f"m{i}", conf, topic, log)
+        m = Member(f"m{i}", conf, topic, log, episode_s)
         m.start()
         return m
 
@@ -144,7 +167,9 @@ def run_variant(settings: KafkaSettings, name: str, step_s: float, rate: float) 
     time.sleep(2.0)
     for m in members[4:]:
         m.stop()
-    return measure(name, log, events)
+    result = measure(name, log, events)
+    result["released"] = sum(m.released for m in members)
+    return result
 
 
 def measure(name: str, log: list[tuple[int, int, float, float]], events: list[tuple[str, float]]) -> dict[str, Any]:
@@ -152,7 +177,7 @@ def measure(name: str, log: list[tuple[int, int, float, float]], events: list[tu
     deliveries = defaultdict(int)
     for p, off, produced, consumed in log:
         deliveries[(p, off)] += 1
-        first.setdefault((p, off), (produced, consumed))
+        first[(p, off)] = (produced, max(consumed, first.get((p, off), (0.0, 0.0))[1]))
     waits = sorted(c - p for p, c in first.values())
     base = statistics.median(waits)
     rows = []
@@ -171,8 +196,8 @@ def measure(name: str, log: list[tuple[int, int, float, float]], events: list[tu
 
 def report(results: list[dict[str, Any]]) -> None:
     print("\n| variant | steady: pause s (max) | joins: pause s (median / max) | partitions stalled per join | "
-          "leaves: pause s (median / max) | partitions stalled per leave | re-delivered | vs baseline (max pause) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          "leaves: pause s (median / max) | partitions stalled per leave | released in flight | re-delivered | vs baseline (max pause) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     baseline = None
     for r in results:
         joins = [e for e in r["events"] if e[0].startswith("join")]
@@ -183,7 +208,7 @@ def report(results: list[dict[str, Any]]) -> None:
         print(f"| {r['variant']} | {max(e[1] for e in steady):.2f} | {statistics.median(e[1] for e in joins):.2f} / {max(e[1] for e in joins):.2f} | "
               f"{statistics.mean(e[2] for e in joins):.1f} | "
               f"{statistics.median(e[1] for e in leaves):.2f} / {max(e[1] for e in leaves):.2f} | "
-              f"{statistics.mean(e[2] for e in leaves):.1f} | {r['redelivered']} | {worst / baseline:.1f}x |")
+              f"{statistics.mean(e[2] for e in leaves):.1f} | {r['released']} | {r['redelivered']} | {worst / baseline:.1f}x |")
     print("\nper event (pause s, partitions stalled):")
     for r in results:
         print(f"  {r['variant']} (median wait {r['median_wait_ms']:.1f} ms, {r['messages']} messages): "
@@ -194,6 +219,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--step", type=float, default=6.0, help="seconds between membership changes")
     ap.add_argument("--rate", type=float, default=200.0, help="messages per second over all partitions")
+    ap.add_argument("--episode", type=float, default=1.0, help="seconds each message is held in flight")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from: " + ", ".join(VARIANTS))
     ap.add_argument("--bootstrap", help="an existing broker (default: start one)")
     args = ap.parse_args()
@@ -207,7 +233,7 @@ def main() -> None:
             results = []
             for name in args.variants.split(","):
                 print(f"running {name} ...", flush=True)
-                results.append(run_variant(settings, name, args.step, args.rate))
+                results.append(run_variant(settings, name, args.step, args.rate, args.episode))
             report(results)
         finally:
             if not args.bootstrap:
