@@ -1,7 +1,10 @@
 """Elastic rollout at scale, as users run it: `astraflow run` with no workers of its own, and rollout
 workers (`astraflow worker`) started and stopped from outside while it runs: 1 -> 6 -> 2. The last
-two are unlike (max_episodes 4 vs 1, the second slowed by a failpoint) and share the tasks by pull.
-At the end, the ledger: every task fed was trained exactly once or counted as dropped under a reason.
+two are unlike (max_episodes 4 vs 1, the second's episodes twice as long). At the end, with the
+feeder stopped, the ledger: every task fed was trained exactly once or counted as dropped under a
+reason, and every episode arrived. Printed, not asserted: each worker's trajectories and the
+partitions' rebalance pauses (bench/RESULTS.md, "Elastic workers": a consumer group shares work per
+partition, so the fast worker of the pair need not do more).
 
 Episodes are paced by the test-only failpoint ASTRAFLOW_WORKER_FAILPOINT=episode_delay_ms:N (a
 sleep, no CPU), so that six workers fit on two cores and the run outlasts the scaling."""
