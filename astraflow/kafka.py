@@ -6,14 +6,13 @@
 - `Publisher`: encode-validate-produce of wire records, with delivery errors surfaced, not lost.
 - `DeadLetters` and `decode_or_deadletter`: the one place where a bad record is caught, with its
   source topic, partition, offset and reason.
-- `faust_settings`: the same connection settings for Faust/aiokafka, SASL_SSL included.
+- `faust_settings` (astraflow/kafka_faust.py): the same connection settings for Faust/aiokafka.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
-import ssl
 import threading
 import time
 import uuid
@@ -102,7 +101,7 @@ def consumer_config(settings: KafkaSettings, group: str, **overrides: Any) -> di
         "max.poll.interval.ms": 600_000,
     })
     conf.update(overrides)
-    return conf
+    return {k: v for k, v in conf.items() if v is not None}  # None: leave librdkafka's default
 
 
 def make_admin(settings: KafkaSettings) -> Any:
@@ -370,38 +369,3 @@ def decode_or_deadletter(msg: Any, cls: type[R], dead: DeadLetters,
     except RecordError as exc:
         dead.publish_message(msg, str(exc), on_delivery)
         return None
-
-
-# --------------------------------------------------------------------------------------- Faust
-
-
-def ssl_context(settings: KafkaSettings) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=settings.ssl_ca_location)
-    ctx.check_hostname = settings.ssl_verify_hostname
-    if settings.ssl_certificate_location:
-        ctx.load_cert_chain(settings.ssl_certificate_location, settings.ssl_key_location)
-    return ctx
-
-
-def faust_settings(settings: KafkaSettings) -> dict[str, Any]:
-    """Keyword arguments for `faust.App(...)` carrying the same connection settings."""
-    import faust
-
-    brokers = [f"kafka://{hp.strip()}" for hp in settings.require_bootstrap().split(",") if hp.strip()]
-    out: dict[str, Any] = {
-        "broker": brokers,
-        "producer_max_request_size": fetch_limit(settings),
-        "consumer_max_fetch_size": fetch_limit(settings),
-        "broker_session_timeout": 45.0 if settings.wan else 10.0,
-        "broker_heartbeat_interval": 3.0 if settings.wan else 1.0,
-    }
-    proto = settings.security_protocol
-    if proto.startswith("SASL"):
-        out["broker_credentials"] = faust.SASLCredentials(
-            username=settings.sasl_username, password=settings.sasl_password,
-            mechanism=settings.sasl_mechanism,
-            ssl_context=ssl_context(settings) if proto == "SASL_SSL" else None,
-        )
-    elif proto == "SSL":
-        out["broker_credentials"] = faust.SSLCredentials(ssl_context(settings))
-    return out

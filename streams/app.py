@@ -31,7 +31,8 @@ from typing import Any
 from astraflow.config import Recipe
 from astraflow.config.kafka import KafkaSettings
 from astraflow.errors import ConfigError
-from astraflow.kafka import faust_settings, fetch_limit, make_admin, resolve
+from astraflow.kafka import fetch_limit, make_admin, resolve
+from astraflow.kafka_faust import faust_settings
 from streams.api import StageContext
 from streams.grouping import Collector
 from streams.pipeline import build_pipeline

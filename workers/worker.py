@@ -31,7 +31,7 @@ from typing import Any
 
 from astraflow.config import KafkaSettings, Recipe
 from astraflow.errors import AstraFlowError, ConfigError
-from astraflow.kafka import DeadLetters, Publisher, TopicReader, decode_or_deadletter
+from astraflow.kafka import DeadLetters, Publisher, TopicReader, consumer_config, decode_or_deadletter
 from astraflow.metrics import MetricsReporter
 from astraflow.records import Task, Trajectory
 from workers.engines import build_engine
@@ -49,6 +49,31 @@ POLL_TICK_S = 0.005
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def episode_delay_s() -> float:
+    """Fault injection for the elasticity tests (ASTRAFLOW_WORKER_FAILPOINT=episode_delay_ms:N): every
+    episode holds its slot N ms longer, as on a slower machine; the sleep costs no CPU, so several
+    slowed workers fit on two cores. Test-only: unset, there is no delay."""
+    where, _, n = os.environ.get("ASTRAFLOW_WORKER_FAILPOINT", "").partition(":")
+    if not where:
+        return 0.0
+    if where != "episode_delay_ms" or not n.isdigit():
+        raise ConfigError(f"ASTRAFLOW_WORKER_FAILPOINT={where}:{n}: the one failpoint is episode_delay_ms:<int>")
+    return int(n) / 1000.0
+
+
+def task_consumer_config(settings: KafkaSettings, group: str, worker_id: str) -> dict[str, Any]:
+    """The consumer of `tasks`: cooperative-sticky, so a worker that joins or leaves moves only the
+    partitions that change hands (an eager protocol would revoke every partition of every worker and
+    cancel their tasks); no static membership (`group.instance.id`), whose members leave without
+    telling the group, which stalls their partitions for a session timeout on every scale-down.
+    bench/workers_elastic.py measures the pauses of these choices side by side."""
+    return consumer_config(settings, group, **task_consumer_overrides(worker_id))
+
+
+def task_consumer_overrides(worker_id: str) -> dict[str, Any]:
+    return {"partition.assignment.strategy": "cooperative-sticky", "client.id": worker_id}
 
 
 class Worker:
@@ -77,6 +102,7 @@ class Worker:
                                       "deadletters", "episode_errors", "weights_late")}
         self.engines: dict[str, Engine] = {}
         self.topic = settings.topic("tasks")
+        self.episode_delay_s = episode_delay_s()
 
     # ------------------------------------------------------------------ setup
 
@@ -110,8 +136,8 @@ class Worker:
                                        cache_dir=self.run_dir / "cache" / "weights")
         await asyncio.to_thread(self.follower.catch_up)
         self.follower.start()
-        self.reader = TopicReader(self.settings, ["tasks"], group=self.cfg.group, **{
-            "partition.assignment.strategy": "cooperative-sticky", "client.id": self.worker_id})
+        self.reader = TopicReader(self.settings, ["tasks"], group=self.cfg.group,
+                                  **task_consumer_overrides(self.worker_id))
         self.consumer = self.reader.consumer
         self.reader.subscribe(on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke)
         self._started = time.monotonic()
@@ -259,6 +285,8 @@ class Worker:
             async with self.slots:
                 self.running_episodes += 1
                 try:
+                    if self.episode_delay_s:
+                        await asyncio.sleep(self.episode_delay_s)
                     trajs, tokens = await run_episode(self.runtime, task, k, self.engines, self.worker_id,
                                                       self.region)
                 finally:
@@ -310,6 +338,7 @@ class Worker:
 
     async def _shutdown(self, side: Publisher) -> None:
         log.info("worker %s stopping: %d tasks in flight", self.worker_id, len(self.tasks))
+        self.paused = True  # partitions assigned while draining start paused too (_on_assign)
         with contextlib.suppress(Exception):
             self.consumer.pause(self.consumer.assignment())
         late: set[asyncio.Task[None]] = set(self.tasks.values())
@@ -317,21 +346,28 @@ class Worker:
         while late and time.monotonic() < deadline:
             _, late = await asyncio.wait(late, timeout=0.05)
             self.publisher.poll(0)  # the delivery callbacks the tasks wait for are served here
+            # A member that stops polling holds up every other member's rebalance until it leaves:
+            # with four workers stopped at once, the two that stayed got the partitions of the
+            # first to leave only when the last had drained (13 s in tests/e2e/test_elastic_scale.py).
+            # The partitions are paused; a message that still comes is left for its next owner.
+            self.consumer.poll(0)
         if late:
             for t in late:
                 t.cancel()
             self.counts["tasks_released"] += len(late)
             await asyncio.gather(*late, return_exceptions=True)
-        self.follower.close()
         try:
             self._report(force=True)
             self.publisher.flush(60)
-            side.flush(10)
             await asyncio.sleep(0)  # run the offset bookkeeping the flush's callbacks scheduled
         finally:
             with contextlib.suppress(Exception):
                 self.consumer.commit(asynchronous=False)
+            # Leave the group first: this worker's partitions stay paused, taken by no one, until
+            # close(); stopping the weight follower (a fetch in progress) took seconds before it.
             self.consumer.close()
+            self.follower.close()
+            side.flush(10)
             for engine in self.engines.values():
                 await engine.close()
             await self.runtime.close()

@@ -8,7 +8,8 @@ import pytest
 
 from astraflow.config import KafkaSettings, load_recipe
 from astraflow.errors import ConfigError
-from astraflow.kafka import client_config, consumer_config, faust_settings, producer_config
+from astraflow.kafka import client_config, consumer_config, producer_config
+from astraflow.kafka_faust import faust_settings
 
 
 def write(tmp_path: Path, text: str) -> Path:
