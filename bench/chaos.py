@@ -29,10 +29,11 @@ from astraflow.runner.ledger import build
 from tests.conftest import REPO, subprocess_env
 from tests.e2e.helpers import processes_of, trainer_steps
 from tests.faults.harness import (
+    BATCH_GROUPS,
     KINDS,
-    TINY,
     component_pids,
     drain,
+    fault_recipe,
     finish,
     kill_broker,
     kill_component,
@@ -40,11 +41,9 @@ from tests.faults.harness import (
     settings_of,
     start_run,
     wait_steps,
-    write_recipe,
 )
 
 POLICY = "solver"
-BATCH_GROUPS = 2
 TRAINER_FAILPOINTS = "mid_step:4,mid_checkpoint:9,mid_publication:14,mid_step:19,mid_checkpoint:25,mid_publication:31"
 
 
@@ -68,9 +67,7 @@ def main() -> int:
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="astraflow-chaos-"))
     run_dir, broker_dir = root / "run", root / "broker"
-    recipe = write_recipe(root / "arithmetic.yaml", REPO / "recipes" / "arithmetic.yaml", model=TINY,
-                          worker={"count": args.workers}, feeder={"group_size": 4},
-                          trainer={"batch_groups": BATCH_GROUPS}, run={"max_steps": None})
+    recipe = fault_recipe(root / "arithmetic.yaml", workers=args.workers)
     bootstrap = broker.start(port=0, data_dir=broker_dir).bootstrap
     env = subprocess_env(ASTRAFLOW_BOOTSTRAP=bootstrap, ASTRAFLOW_NAMESPACE="chaos",
                          ASTRAFLOW_TRAINER_FAILPOINT=TRAINER_FAILPOINTS)

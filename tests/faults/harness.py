@@ -25,6 +25,7 @@ from tests.e2e.helpers import processes_of, trainer_steps
 
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
 KINDS = ("worker", "streams", "trainer", "feed")
+BATCH_GROUPS = 2
 
 
 def start_run(recipe: Path, run_dir: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
@@ -99,6 +100,13 @@ def restart_broker(data_dir: Path) -> str:
                          cwd=REPO, env=subprocess_env())
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout.strip().splitlines()[-1]
+
+
+def fault_recipe(path: Path, workers: int = 1) -> Path:
+    """The recipe every fault run uses: arithmetic with the tiny model, groups of 4, BATCH_GROUPS a
+    step, no step limit (the faults decide when it ends)."""
+    return write_recipe(path, REPO / "recipes" / "arithmetic.yaml", model=TINY, worker={"count": workers},
+                        feeder={"group_size": 4}, trainer={"batch_groups": BATCH_GROUPS}, run={"max_steps": None})
 
 
 def write_recipe(path: Path, base: Path, **overrides: Any) -> Path:

@@ -10,32 +10,28 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, subprocess_env
+from tests.conftest import subprocess_env
 from tests.e2e.helpers import processes_of, trainer_steps
 from tests.faults.harness import (
+    BATCH_GROUPS,
     KINDS,
-    TINY,
     broker_state,
     component_pids,
     drain,
+    fault_recipe,
     finish,
     kill_broker,
     restart_broker,
     start_run,
     wait_steps,
-    write_recipe,
 )
 
 pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.broker, pytest.mark.slow,
               pytest.mark.timeout(1800)]  # a loaded 2-core machine: restarts take minutes
 
-BATCH_GROUPS = 2
-
 
 def test_a_broker_killed_and_restarted_under_load_loses_nothing(tmp_path: Path) -> None:
-    recipe = write_recipe(tmp_path / "arithmetic.yaml", REPO / "recipes" / "arithmetic.yaml", model=TINY,
-                          worker={"count": 1}, feeder={"group_size": 4}, trainer={"batch_groups": BATCH_GROUPS},
-                          run={"max_steps": None})
+    recipe = fault_recipe(tmp_path / "arithmetic.yaml")
     run_dir = tmp_path / "run"
     env = subprocess_env()  # no ASTRAFLOW_BOOTSTRAP: the run starts its own broker in the run directory
     proc = start_run(recipe, run_dir, env)

@@ -17,25 +17,22 @@ import pytest
 
 from astraflow.failpoints import TRAINER_ENV
 from astraflow.runner.ledger import build
-from tests.conftest import REPO
 from tests.e2e.helpers import run_env
 from tests.faults.harness import (
+    BATCH_GROUPS,
     KINDS,
-    TINY,
     component_pids,
     drain,
+    fault_recipe,
     finish,
     kill_component,
     settings_of,
     start_run,
     wait_steps,
-    write_recipe,
 )
 
 pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.broker, pytest.mark.slow,
               pytest.mark.timeout(1800)]  # a loaded 2-core machine: restarts take minutes
-
-BATCH_GROUPS = 2
 
 
 def spawns(run_dir: Path, name: str) -> int:
@@ -45,9 +42,7 @@ def spawns(run_dir: Path, name: str) -> int:
 
 def test_each_component_and_the_supervisor_killed_mid_run_lose_and_duplicate_nothing(
         tmp_path: Path, kafka_bootstrap: str) -> None:
-    recipe = write_recipe(tmp_path / "arithmetic.yaml", REPO / "recipes" / "arithmetic.yaml", model=TINY,
-                          worker={"count": 1}, feeder={"group_size": 4}, trainer={"batch_groups": BATCH_GROUPS},
-                          run={"max_steps": None})
+    recipe = fault_recipe(tmp_path / "arithmetic.yaml")
     run_dir = tmp_path / "run"
     env = run_env(kafka_bootstrap)
 
