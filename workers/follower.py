@@ -11,6 +11,7 @@ the weights it has. Runs in its own thread; engine updates are handed to the wor
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import uuid
@@ -81,6 +82,9 @@ class WeightFollower:
             held = fetch_weights(event, self.held.get(event.policy), self.cache_dir)
             future = asyncio.run_coroutine_threadsafe(engine.update_weights(held.state, held.version), self.loop)
             future.result(timeout=600)
+        except concurrent.futures.CancelledError:  # the worker's loop ended under it: stopping
+            log.info("weights of %s version %d not applied: the worker is stopping", event.policy, event.version)
+            return False
         except (AstraFlowError, OSError, ValueError, RuntimeError) as exc:
             self.refused += 1
             self.last_error = f"{event.policy} v{event.version}: {exc}"

@@ -366,7 +366,9 @@ class Worker:
             # Leave the group first: this worker's partitions stay paused, taken by no one, until
             # close(); stopping the weight follower (a fetch in progress) took seconds before it.
             self.consumer.close()
-            self.follower.close()
+            # in a thread: a version being applied needs this loop to finish (joining on the loop
+            # itself waited out the join's timeout, then cancelled the update under the follower)
+            await asyncio.to_thread(self.follower.close)
             side.flush(10)
             for engine in self.engines.values():
                 await engine.close()

@@ -229,7 +229,8 @@ def test_workers_scale_1_to_6_to_2_mid_run_and_nothing_is_lost(kafka_bootstrap: 
             run.kill()
             run.wait()
     assert "restarted feeder" not in (run_dir / "events.log").read_text()
-    assert fed == [t.group_id for t in read_topic(kafka, "tasks") if isinstance(t, Task)], "fed after the stop"
+    again = [t.group_id for t in read_topic(kafka, "tasks") if isinstance(t, Task)]
+    assert sorted(fed) == sorted(again), "fed after the stop"  # partitions interleave in any order
     trained = trained_groups(run_dir, "solver")
     dropped = dropped_groups(run_dir)
     check_ledger(fed, trained, dropped)
