@@ -155,8 +155,7 @@ def _start_node(state: ClusterState, i: int, voters: str, java: str, libs: Path,
     props.write_text(one._server_properties(node, port, controller_port, node_id=i + 1, voters=voters,
                                             replicas=min(3, len(state.ports))))
     one._format_storage(java, libs, node, props, None, cluster_id=state.cluster_id)
-    cmd = [java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-           "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile=file:{one.LOG4J}",
+    cmd = [java, *one.jvm_flags(heap), f"-Dlog4j2.configurationFile=file:{one.LOG4J}",
            f"-Dkafka.logs.dir={logs}", f"-Dastraflow.data.dir={node}", "-cp", f"{libs}/*", "kafka.Kafka", str(props)]
     with open(logs / "kafka.out", "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
