@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"app {faust_app.conf.id} on {runtime.settings.bootstrap}; data dir {ddir}")
             typer.echo("pipeline: " + " -> ".join(runtime.pipeline.names))
             return
-        import faust
+        from streams.faust_glue import QuietWorker
 
-        worker = faust.Worker(faust_app, loglevel=level, quiet=True)
+        worker = QuietWorker(faust_app, loglevel=level, quiet=True)
         worker.execute_from_commandline()

@@ -1,0 +1,36 @@
+"""The Faust worker the streams CLI runs leaves the root logger at the requested level."""
+
+from __future__ import annotations
+
+import logging
+
+import faust
+import pytest
+
+from streams.faust_glue import QuietWorker
+
+
+@pytest.fixture
+def root_logging():
+    root = logging.getLogger()
+    saved = root.level, list(root.handlers)
+    yield root
+    root.setLevel(saved[0])
+    root.handlers[:] = saved[1]
+
+
+def _root_level_after_setup(worker_cls: type, root: logging.Logger) -> int:
+    app = faust.App("test-faust-glue", broker="kafka://127.0.0.1:1")
+    worker = worker_cls(app, loglevel="warn", quiet=True)
+    worker._setup_logging()
+    return root.level
+
+
+def test_plain_faust_worker_turns_debug_on(root_logging):
+    # what QuietWorker exists for: if faust stops doing this, QuietWorker can go
+    assert _root_level_after_setup(faust.Worker, root_logging) == logging.DEBUG
+
+
+def test_quiet_worker_keeps_the_requested_level(root_logging):
+    assert _root_level_after_setup(QuietWorker, root_logging) == logging.WARNING
+    assert not logging.getLogger("aiokafka").isEnabledFor(logging.DEBUG)
