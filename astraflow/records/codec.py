@@ -116,5 +116,5 @@ def _build(cls: type[Record], body: dict[str, Any], known_policies: frozenset[st
             # On the wire, token-level arrays are packed buffers, never lists of numbers.
             raise RecordError(name, f"expected a packed {fld.metadata['kind'].dtype} array (msgpack extension "
                               f"{EXT_NDARRAY}), got {type(body[name]).__name__}", cls.TYPE)
-    record = cls(**body)  # validates
-    return record.validate(known_policies) if known_policies is not None else record
+    record = cls(**body)  # validates every field
+    return record.check_policies(known_policies) if known_policies is not None else record

@@ -78,10 +78,23 @@ class Record:
                         raise RecordError(name, f"has {n} elements but {first} has {lengths[first]}")
             self._check(known_policies)
         except RecordError as exc:
-            exc.record_type = self.TYPE
-            exc.args = (f"{self.TYPE}.{exc.field}: {exc.reason}",)
+            self._name(exc)
             raise
         return self
+
+    def check_policies(self, known_policies: frozenset[str]) -> Record:
+        """The cross-field rules again, now against the known policies; return self. For a record
+        whose fields were checked when it was built (decoding checks each record once)."""
+        try:
+            self._check(known_policies)
+        except RecordError as exc:
+            self._name(exc)
+            raise
+        return self
+
+    def _name(self, exc: RecordError) -> None:
+        exc.record_type = self.TYPE
+        exc.args = (f"{self.TYPE}.{exc.field}: {exc.reason}",)
 
     def _check(self, known_policies: frozenset[str] | None) -> None:
         """Cross-field rules of one record type."""
