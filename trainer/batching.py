@@ -106,6 +106,9 @@ class GroupBuffer:
         self._next: dict[int, int] = {}  # partition -> offset after the last consumed message
         self._waiting: dict[int, list[int]] = {}  # partition -> heap of offsets still needed
         self._released: dict[int, Counter[int]] = {}
+        #: (after, upto): versions after..upto were published by a run of this trainer that crashed
+        #: before checkpointing them; the resumed weights do not descend from them
+        self.lost: list[tuple[int, int]] = []
 
     # ------------------------------------------------------------------ intake
 
@@ -178,13 +181,23 @@ class GroupBuffer:
         for g in groups:
             for s in g.samples.values():
                 lag = lag_of(s, version)
-                if lag > max_staleness:
+                if lag > max_staleness or self._from_lost(s):
                     stale.append(s)
                 else:
                     kept.append(s)
                     lags.append(lag)
         self.counts["samples.stale"] += len(stale)
         return Batch(groups, kept, lags, stale)
+
+    def lose_versions(self, after: int, upto: int) -> None:
+        """Versions after..upto are lost (see trainer/service.py): their samples are stale."""
+        self.lost.append((after, upto))
+
+    def _from_lost(self, sample: Sample) -> bool:
+        if not self.lost:
+            return False
+        versions = sample.versions[sample.loss_mask.astype(bool)]
+        return any(bool(((versions > after) & (versions <= upto)).any()) for after, upto in self.lost)
 
     def _queue(self, version: int, max_staleness: int) -> list[str]:
         """Queued group ids in the order batches take them (sorted() is stable: ties stay in
@@ -220,10 +233,11 @@ class GroupBuffer:
     def state(self) -> dict[str, Any]:
         return {"offsets": {str(p): o for p, o in sorted(self.offsets().items())},
                 "trained": [[gid, step] for gid, step in self.trained.items()],
-                "counts": dict(self.counts)}
+                "counts": dict(self.counts), "lost": [list(r) for r in self.lost]}
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint's state (before anything was consumed)."""
         self._next = {int(p): int(o) for p, o in state.get("offsets", {}).items()}
         self.trained = OrderedDict((str(g), int(s)) for g, s in state.get("trained", []))
         self.counts = Counter({str(k): int(v) for k, v in state.get("counts", {}).items()})
+        self.lost = [(int(a), int(b)) for a, b in state.get("lost", [])]

@@ -63,15 +63,16 @@ class Snapshot:
 
     step: int
     model_state: dict[str, torch.Tensor]
-    optimizer_tensors: dict[str, torch.Tensor]
-    optimizer_meta: dict[str, Any]
+    optimizer_tensors: dict[str, torch.Tensor] | None  # None: a publication's snapshot, no checkpoint
+    optimizer_meta: dict[str, Any] | None
     state: dict[str, Any]
 
 
-def snapshot(step: int, model_state: dict[str, torch.Tensor], optimizer_state: dict[str, Any],
+def snapshot(step: int, model_state: dict[str, torch.Tensor], optimizer_state: dict[str, Any] | None,
              state: dict[str, Any]) -> Snapshot:
-    """Copies of `Engine.full_state()` (model and optimiser state dicts) and the trainer's state."""
-    tensors, meta = optimizer_to_files(optimizer_state)
+    """Copies of `Engine.full_state()` (model and optimiser state dicts; no optimiser state for a
+    publication that is not checkpointed) and the trainer's state."""
+    tensors, meta = optimizer_to_files(optimizer_state) if optimizer_state is not None else (None, None)
     return Snapshot(step, copy_state(model_state), tensors, meta, state)
 
 
@@ -108,6 +109,8 @@ def save_checkpoint(root: Path, snap: Snapshot, model: Any, tokenizer: Any, keep
     from safetensors.torch import save_file
 
     step, state = snap.step, snap.state
+    if snap.optimizer_tensors is None:
+        raise ValueError(f"the snapshot of step {step} has no optimiser state: it cannot be a checkpoint")
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:08d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))

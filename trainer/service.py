@@ -5,10 +5,16 @@ Read top to bottom, one iteration of `run()`:
      last checkpoint), decode (bad records go to `deadletter`), and add to the GroupBuffer;
   2. with lockstep, wait until every other policy has published our current version;
   3. take a batch of complete groups (stale samples dropped and counted), train one step;
-  4. every `publish_every` steps: write the new version into the weight store, checkpoint, then
-     announce the WeightVersion event. A version is announced only once checkpointed, and on
-     restart unannounced versions are rolled back and the current one is announced again, so
-     weights published before a crash are never contradicted after it.
+  4. every `publish_every` steps: write the new version into the weight store and announce the
+     WeightVersion event; every `checkpoint_every` steps (default: at every publication), then
+     write a checkpoint. Both happen in the background while the next step trains.
+
+A version number is never given to two different weights. A trainer resumed from a checkpoint
+older than the newest stored version (it crashed after publishing, before its next checkpoint)
+does not roll those versions back, since workers may hold them: it publishes its weights as the
+next number after the newest, and the versions in between are *lost*: samples generated with
+them are dropped as stale (their lag behind the resumed weights is unknown), and the lost ranges
+are kept in the checkpoints.
 
 Under torchrun, only rank 0 runs Kafka, checkpoints and publication; see trainer/distributed.py.
 
@@ -164,16 +170,24 @@ class Trainer:
             self.lockstep = PolicyVersions(settings, self.policy, self.recipe.policy_names)
 
     def _reconcile_store(self) -> None:
-        """Make the store agree with the checkpoint: drop what was never announced, make sure the
-        current version exists (version 0 at first start)."""
-        self.store.rollback(self.version)
-        if self.store.latest == self.version:
+        """Make the store agree with the checkpoint: the current version exists (version 0 at first
+        start); versions stored after it are lost (module docstring) and the resumed weights become
+        the version after the newest."""
+        latest = self.store.latest
+        if latest == self.version:
             return
-        if self.version == 0:
+        if latest is None and self.version == 0:
             self.store.publish(self.engine.state_dict(), 0, step=0)
             return
-        raise TrainerError(f"{self.policy}: the weight store at {self.store.root} lacks version {self.version} "
-                           "that the checkpoint says was published; restore the store or the run directory")
+        if latest is None or latest < self.version:
+            raise TrainerError(f"{self.policy}: the weight store at {self.store.root} lacks version {self.version} "
+                               "that the checkpoint says was published; restore the store or the run directory")
+        self.buffer.lose_versions(self.version, latest)
+        log.warning("%s: resumed at version %d but the store holds up to %d: versions %d..%d are lost "
+                    "(their samples are dropped as stale); publishing the resumed weights as %d",
+                    self.policy, self.version, latest, self.version + 1, latest, latest + 1)
+        self.version = latest + 1
+        self.store.publish(self.engine.state_dict(), self.version, step=self.step)
 
     # ------------------------------------------------------------------ loop
 
@@ -238,12 +252,15 @@ class Trainer:
             stats["tokens_per_s"] = batch.tokens / max(stats["step_s"], 1e-9)
             self._finish_batch(batch, stats)
             if self.step % self.cfg.publish_every == 0:
-                self._publish()
-            elif self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
+                self._publish(checkpoint=self._checkpoint_due())
+            elif self._checkpoint_due():
                 self._checkpoint()
-        elif self.step % self.cfg.publish_every == 0 or (
-                self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0):
+        elif self.step % self.cfg.publish_every == 0 or self._checkpoint_due():
             self._gather_for_leader()
+
+    def _checkpoint_due(self) -> bool:
+        every = self.cfg.checkpoint_every
+        return self.step % every == 0 if every else self.step % self.cfg.publish_every == 0
 
     def _finish_batch(self, batch: Batch, stats: dict[str, float]) -> None:
         self.buffer.done(batch, self.step)
@@ -274,21 +291,22 @@ class Trainer:
 
     # ------------------------------------------------------------------ publication and checkpoints
 
-    def _publish(self) -> None:
-        """Make the step's weights version `version + 1`: copy weights, optimiser and buffer state
-        now, then write the version and its checkpoint and announce it in the background while the
-        next step trains (in that order: a version is announced only once checkpointed)."""
+    def _publish(self, checkpoint: bool) -> None:
+        """Make the step's weights version `version + 1`: copy weights and buffer state (and the
+        optimiser's, for a checkpoint) now, then write the version, announce it and write the
+        checkpoint in the background while the next step trains."""
         self.version += 1
-        snap, version = self._snapshot(self.version), self.version
-        self.publications.submit(lambda: self._write_version(snap, version))
+        snap, version = self._snapshot(self.version, optimizer=checkpoint), self.version
+        self.publications.submit(lambda: self._write_version(snap, version, checkpoint))
 
-    def _write_version(self, snap: ckpt.Snapshot, version: int) -> None:
+    def _write_version(self, snap: ckpt.Snapshot, version: int, checkpoint: bool) -> None:
         event = self.store.publish(snap.model_state, version, step=snap.step)
         failpoints.hit(failpoints.TRAINER_ENV, "mid_publication", snap.step, self.home)
-        self._write_checkpoint(snap)
         self.publisher.send("weights", sign(self._progress(event, snap)), key=self.policy)
         self.publisher.flush()
         log.info("%s: published version %d at step %d", self.policy, version, snap.step)
+        if checkpoint:
+            self._write_checkpoint(snap)
 
     def _announce(self) -> None:
         self.publications.join()  # the store must hold the current version before it is announced again
@@ -300,11 +318,12 @@ class Trainer:
         counts = snap.state["buffer"]["counts"] if snap is not None else self.buffer.counts
         return dataclasses.replace(event, groups_consumed=counts.get("groups.trained", 0))
 
-    def _snapshot(self, version: int) -> ckpt.Snapshot:
+    def _snapshot(self, version: int, optimizer: bool = True) -> ckpt.Snapshot:
         state: dict[str, Any] = {"policy": self.policy, "version": version, "batches": self.batches,
                                  "time": time.time(), "host": socket.gethostname(), "topic": self.topic,
                                  "buffer": self.buffer.state()}
-        return ckpt.snapshot(self.step, *self.engine.full_state(), state)  # type: ignore[arg-type]
+        model_state, optimizer_state = self.engine.full_state()
+        return ckpt.snapshot(self.step, model_state, optimizer_state if optimizer else None, state)
 
     def _gather_for_leader(self) -> None:
         """Other ranks under FSDP: take part in gathering the full state the leader checkpoints."""

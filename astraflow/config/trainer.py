@@ -123,9 +123,11 @@ class TrainerConfig(StrictModel):
     micro_batch_tokens: int = Field(default=8192, ge=16)
     """Padded tokens per forward/backward pass; larger batches accumulate gradients."""
     publish_every: int = Field(default=1, ge=1)
-    """Publish weights (a new version) every this many steps; each publication is checkpointed."""
+    """Publish weights (a new version) every this many steps."""
     checkpoint_every: int | None = Field(default=None, ge=1)
-    """Extra checkpoints every this many steps between publications (None: at publications only)."""
+    """Checkpoint every this many steps (None: at every publication). Versions are announced
+    without waiting for a checkpoint; a trainer resumed from an older checkpoint than its newest
+    version publishes after it and drops the samples of the versions in between as stale."""
     keep_checkpoints: int = Field(default=2, ge=1)
     """Checkpoints kept on disk (older ones are deleted)."""
     weights_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"

@@ -201,25 +201,12 @@ class WeightStore:
 
     # ------------------------------------------------------------------ retention
 
-    def rollback(self, version: int | None) -> list[int]:
-        """Forget versions after `version` (never announced: the trainer restarted from an earlier
-        checkpoint). Returns the versions removed."""
-        gone = [v for v in self.versions if version is None or v > version]
-        for v in gone:
-            del self.manifest["versions"][str(v)]
-        if gone:
-            self._save_manifest()
-            self._last = None
-            self.prune()
-            log.warning("%s: rolled back unannounced weight versions %s", self.policy, gone)
-        return gone
-
     def needed(self) -> set[int]:
         """Versions whose entries a worker may still need (see the module docstring)."""
         vs = self.versions
         if not vs:
             return set()
-        # one version more than asked: a publication that a crash left unannounced may be rolled back
+        # one version more than asked: a worker may still hold the version before the window
         window = vs[-(self.keep_versions + 1):]
         floor = min(self.entry(v)["snapshot_version"] for v in window)
         return {v for v in vs if v >= floor}

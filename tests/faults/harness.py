@@ -104,9 +104,12 @@ def restart_broker(data_dir: Path) -> str:
 
 def fault_recipe(path: Path, workers: int = 1) -> Path:
     """The recipe every fault run uses: arithmetic with the tiny model, groups of 4, BATCH_GROUPS a
-    step, no step limit (the faults decide when it ends)."""
+    step, a checkpoint at every step (each trainer failpoint has a step to hit, and a crash
+    between a version's announcement and its checkpoint loses that version), no step limit (the
+    faults decide when it ends)."""
     return write_recipe(path, REPO / "recipes" / "arithmetic.yaml", model=TINY, worker={"count": workers},
-                        feeder={"group_size": 4}, trainer={"batch_groups": BATCH_GROUPS}, run={"max_steps": None})
+                        feeder={"group_size": 4}, trainer={"batch_groups": BATCH_GROUPS, "checkpoint_every": 1},
+                        run={"max_steps": None})
 
 
 def write_recipe(path: Path, base: Path, **overrides: Any) -> Path:

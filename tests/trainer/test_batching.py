@@ -69,6 +69,19 @@ def test_stale_samples_are_dropped_and_counted() -> None:
     assert lag_of(sample("x", 0, versions=(7,)), 6) == 0  # ahead of the trainer: no lag
 
 
+def test_samples_of_lost_versions_are_stale_and_the_loss_survives_a_restart() -> None:
+    buf = GroupBuffer("p")
+    buf.lose_versions(4, 6)  # versions 5 and 6 were published by a run that crashed before checkpointing
+    again = GroupBuffer("p")
+    again.restore(buf.state())
+    for b in (buf, again):
+        for i, versions in enumerate([(4, 4), (4, 5), (6, 6), (7, 7)]):
+            b.add(sample("a", i, n=4, versions=versions), 0, i)
+        batch = b.take(1, None, version=7, max_staleness=100)
+        assert [s.traj_id for s in batch.samples] == ["a#0#0", "a#0#3"]
+        assert [s.traj_id for s in batch.stale] == ["a#0#1", "a#0#2"] and b.counts["samples.stale"] == 2
+
+
 def test_restart_offsets_point_at_the_oldest_untrained_sample() -> None:
     buf = GroupBuffer("p")
     buf.add(sample("a", 0), 0, 0)   # a stays incomplete

@@ -42,6 +42,17 @@ def ledger(run_dir: Path, policy: str = "p") -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
+def stop(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+
+
+def reap(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 def checkpoints(run_dir: Path, policy: str = "p") -> list[int]:
     root = run_dir / "trainer" / policy / "checkpoints"
     return sorted(int(p.name.split("-")[1]) for p in root.glob("step-*")) if root.exists() else []
@@ -82,12 +93,9 @@ def test_sigkill_between_checkpoints_then_restart_trains_every_group_once(kafka:
         wait_for(lambda: sum(len(x["groups"]) for x in ledger(run_dir)) >= 20, 120, "all 20 groups", 0.1,
                  proc)
         time.sleep(1.0)  # give a wrongly re-trained duplicate the chance to show up
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
+        stop(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
 
     lines = ledger(run_dir)
     trained = Counter(g for x in lines for g in x["groups"])
@@ -103,6 +111,52 @@ def test_sigkill_between_checkpoints_then_restart_trains_every_group_once(kafka:
         first = before.get(e.version) or next(x for x in after if x.version == e.version)
         assert (e.snapshot_sha256, e.delta_sha256) == (first.snapshot_sha256, first.delta_sha256)
     assert fetch_weights(after[-1], fetch_weights(before[2], None)).version == 5
+
+
+def test_sigkill_after_publications_past_the_checkpoint_loses_those_versions_not_their_numbers(  # type: ignore[no-untyped-def]
+        kafka: KafkaSettings, topics, tmp_path: Path) -> None:
+    """Checkpoints every 4 steps, a version every step: killed after step 6, the trainer resumes at
+    step 4. Versions 5 and 6 were announced (workers may hold them), so their numbers are never
+    reused: the resumed weights become version 7, and samples rolled out with 5 or 6 are stale."""
+    topics(["p"])
+    run_dir = tmp_path / "run"
+    rfile = write_recipe(tmp_path / "r.yaml", recipe(kafka, batch_groups=1, checkpoint_every=4))
+    produce(kafka, [s for i in range(6) for s in make_group("p", f"a{i}", version=i, seed=i)], "p", partition=0)
+    proc = start(rfile, run_dir)
+    try:
+        wait_for(lambda: any(e.version == 6 for e in read_now(kafka, "weights", WeightVersion)), 120,
+                 "version 6", 0.1, proc)
+        assert checkpoints(run_dir) == [4]
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(30) == -signal.SIGKILL
+        before = read_now(kafka, "weights", WeightVersion)
+        assert sorted(e.version for e in before) == list(range(7))
+
+        stale = [s for v in (5, 6) for s in make_group("p", f"b{v}", version=v, seed=v)]
+        fresh = [s for i in range(3) for s in make_group("p", f"n{i}", version=7, seed=10 + i)]
+        produce(kafka, stale + fresh, "p", partition=0)
+        proc = start(rfile, run_dir)
+        wait_for(lambda: any("n2#0" in x["groups"] for x in ledger(run_dir)), 120, "n2 trained", 0.1, proc)
+        stop(proc)
+    finally:
+        reap(proc)
+
+    after = read_now(kafka, "weights", WeightVersion)
+    shas = {}
+    for e in before + after:  # one version number, one set of weights
+        assert shas.setdefault(e.version, e.snapshot_sha256 if e.delta_sha256 is None else e.delta_sha256) == \
+            (e.snapshot_sha256 if e.delta_sha256 is None else e.delta_sha256), e.version
+    assert [e.version for e in after if e.version > 6][0] == 7
+    v4, v7 = (fetch_weights(next(e for e in after if e.version == v), None) for v in (4, 7))
+    assert all(v4.state[k].equal(v7.state[k]) for k in v4.state)  # 7 is the checkpoint's weights
+    lines = ledger(run_dir)
+    trained = {g for x in lines if x["trained"] for g in x["groups"]}
+    dropped = {g for x in lines if not x["trained"] for g in x["groups"]}
+    assert {f"a{i}#0" for i in range(5)} | {"n0#0", "n1#0", "n2#0"} <= trained
+    assert {"a5#0", "b5#0", "b6#0"} <= dropped and not dropped & trained, (trained, dropped)
+    final = json.loads((run_dir / "trainer/p/checkpoints" / f"step-{checkpoints(run_dir)[-1]:08d}"
+                        / "trainer_state.json").read_text())
+    assert final["buffer"]["lost"] == [[4, 6]]
 
 
 def test_lockstep_policies_never_run_more_than_one_version_apart(kafka: KafkaSettings, topics,  # type: ignore[no-untyped-def]
