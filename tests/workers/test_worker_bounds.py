@@ -114,3 +114,66 @@ def test_a_task_over_max_group_size_is_dead_lettered_with_the_reason(tmp_path: P
 def test_a_recipe_whose_groups_no_worker_accepts_is_refused() -> None:
     with pytest.raises((ConfigError, ValueError), match="max_group_size"):
         make_recipe(feeder={"env": "arithmetic", "group_size": 2048}, worker={"max_group_size": 1024})
+
+
+class _Tasks:
+    """The `tasks` reader and consumer of a worker: endless tasks of 4 episodes; records pause()."""
+
+    def __init__(self) -> None:
+        self.offset, self.paused = 0, False
+
+    def poll(self, timeout: float) -> _Msg | None:
+        if self.paused:
+            return None
+        task = Task(task_id=f"t{self.offset}", env="arithmetic", roles={"solver": "policy"}, group_size=4)
+        self.offset += 1
+        return _Msg(encode(task), offset=self.offset - 1)
+
+    def assignment(self) -> list[int]:
+        return [0]
+
+    def pause(self, partitions: list[int]) -> None:
+        self.paused = True
+
+    def resume(self, partitions: list[int]) -> None:
+        self.paused = False
+
+
+@pytest.mark.parametrize(("queued", "taken"), [(None, 5), (0, 1), (8, 3)])
+def test_a_full_worker_keeps_taking_tasks_until_its_queue_is_full(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   queued: int | None, taken: int) -> None:
+    """Pausing the partitions at max_episodes made each task wait ~0.9 s for librdkafka's resume;
+    the worker takes tasks beyond its slots, up to max_queued_episodes (default 4 x max_episodes)."""
+    running, peak = 0, 0
+
+    async def episode(*args: Any) -> tuple[list[Any], int]:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.Event().wait()  # never finishes
+        return [], 0
+
+    monkeypatch.setattr(worker_mod, "run_episode", episode)
+    w = _worker(tmp_path, max_queued_episodes=queued)
+    tasks = _Tasks()
+
+    class _Quiet:
+        def poll(self, timeout: float) -> None: ...
+
+    async def main() -> None:
+        w.loop = asyncio.get_running_loop()
+        w.runtime = type("R", (), {"resolve": staticmethod(lambda task: (None, None))})()  # type: ignore[assignment]
+        w.reader = w.consumer = tasks  # type: ignore[assignment]
+        w.publisher = _Quiet()  # type: ignore[assignment]
+        w.dead = _Dead()  # type: ignore[assignment]
+        w._report = lambda force=False: None  # type: ignore[method-assign]
+        serving = asyncio.create_task(w._serve())
+        await asyncio.sleep(0.2)
+        w.stop()
+        await serving
+        for t in w.tasks.values():
+            t.cancel()
+
+    asyncio.run(main())
+    assert tasks.offset == taken and tasks.paused  # (4 + queued) // 4 tasks, then the partitions pause
+    assert peak == 4  # still never more than max_episodes running

@@ -37,7 +37,8 @@ def fed(kafka: KafkaSettings, topics: Any, tmp_path: Path, group_size: int, task
     topics(["policy"])
     recipe = make_recipe(kafka=kafka.model_dump(), feeder={"env": "arithmetic", "group_size": group_size,
                                                            "admission": False, "max_tasks": tasks},
-                         worker={"max_episodes": 4, "metrics_every_s": 0.5, "drain_timeout_s": drain_timeout_s})
+                         worker={"max_episodes": 4, "metrics_every_s": 0.5, "drain_timeout_s": drain_timeout_s,
+                                 "max_queued_episodes": 0})  # takes tasks only for free slots: some are left
     run_dir = tmp_path / "run"
     assert Feeder(recipe, run_dir, kafka).run() == tasks
     return recipe, run_dir
