@@ -27,6 +27,7 @@ from typing import IO, Any
 from astraflow.config import KafkaSettings
 from astraflow.kafka import TopicReader, make_consumer
 from astraflow.records import Metric, RecordError, WeightVersion, decode
+from astraflow.topics import DEADLETTER, METRICS, TASKS, TRAJECTORIES, WEIGHTS
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ class Collector:
 
     def _run(self) -> None:
         group = f"astraflow-collector-{uuid.uuid4().hex[:8]}"
-        reader = TopicReader(self.settings, ["metrics", "weights"], group=group,
+        reader = TopicReader(self.settings, [METRICS, WEIGHTS], group=group,
                              **{"enable.auto.commit": False})
         # The probe consumers live for the whole run, made and dropped in this thread: a client
         # created and destroyed every few seconds is what confluent-kafka's garbage-collection
@@ -148,9 +149,9 @@ class Collector:
 
     def _refresh_lag(self, probes: Probes, out: IO[str] | None = None) -> None:
         try:
-            lag = consumer_lag(self.settings, {"tasks": self.worker_group, "trajectories": self.streams_group},
+            lag = consumer_lag(self.settings, {TASKS: self.worker_group, TRAJECTORIES: self.streams_group},
                                probes)
-            dead = topic_size(self.settings, "deadletter", probes)
+            dead = topic_size(self.settings, DEADLETTER, probes)
         except Exception as exc:  # noqa: BLE001 - lag is best effort while the cluster starts
             log.debug("lag refresh failed: %s", exc)
             return

@@ -17,6 +17,7 @@ from astraflow.runner.advice import DEFAULT_MAX_EPISODES, advise, measure, rows_
 from astraflow.runner.collector import Collector, Snapshot
 from astraflow.runner.dashboard import render
 from astraflow.runner.run import run_dir_of
+from astraflow.topics import METRICS
 
 
 def show_status(recipe_path: Path | None, bootstrap: str | None, run_dir: Path | None, since: float,
@@ -48,7 +49,7 @@ def show_status(recipe_path: Path | None, bootstrap: str | None, run_dir: Path |
     Console().print(status_panel(snap, collector.history(), policies, f"astraflow status ({settings.bootstrap})",
                                  max_episodes))
     if snap.metrics_seen == 0:
-        raise ConfigError(f"no metrics in the last {since:.0f}s on {settings.topic('metrics')}: is a run going?")
+        raise ConfigError(f"no metrics in the last {since:.0f}s on {settings.topic(METRICS)}: is a run going?")
     return 0
 
 
