@@ -66,6 +66,8 @@ class Registry:
 
     def get(self, name: str) -> Any:
         """The factory registered under `name`, imported on first use."""
+        if name in self._loaded and name not in self.local:  # checked when loaded; the scan is fixed
+            return self._loaded[name]
         providers = self._providers(name)
         if not providers:
             raise ConfigError(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}")
@@ -77,8 +79,6 @@ class Registry:
             )
         if name in self.local:
             return self.local[name]
-        if name in self._loaded:
-            return self._loaded[name]
         if name in self.builtins:
             module, _, attr = self.builtins[name].partition(":")
             factory = getattr(importlib.import_module(module), attr)

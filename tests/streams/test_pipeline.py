@@ -120,6 +120,7 @@ def test_plugins_come_from_entry_points(monkeypatch: pytest.MonkeyPatch) -> None
 
     ep = metadata.EntryPoint(name="clip", value="x:Clip", group=registry.ENTRY_POINT_GROUP)
     monkeypatch.setattr(registry.ALGORITHMS, "_plugins", {"clip": [ep]})  # as if scanned (rules: test_registry)
+    monkeypatch.setattr(registry.ALGORITHMS, "_loaded", {})  # and forgotten after this test
     monkeypatch.setattr(metadata.EntryPoint, "load", lambda self: Clip)
     assert "clip" in registry.ALGORITHMS.names()
     p = build_pipeline(pipeline("validate", "group", ("clip", {"limit": 2.0}), "grpo", "route"), ctx())
