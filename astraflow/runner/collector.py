@@ -57,7 +57,7 @@ class Snapshot:
         return sorted((i for (c, _), i in self.instances.items() if c == component), key=lambda i: i.id)
 
 
-class Collector:
+class MetricsCollector:
     """Consumes `metrics` and `weights` in a background thread; `snapshot()` is thread-safe."""
 
     def __init__(self, settings: KafkaSettings, jsonl: Path | None = None, since_s: float | None = None,
@@ -75,7 +75,7 @@ class Collector:
 
     # --------------------------------------------------------------------------- reading
 
-    def start(self) -> Collector:
+    def start(self) -> MetricsCollector:
         self._thread = threading.Thread(target=self._run, name="collector", daemon=True)
         self._thread.start()
         return self
