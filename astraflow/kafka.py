@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from astraflow.config.kafka import KafkaSettings
 from astraflow.errors import AstraFlowError, RecordError
 from astraflow.records import DeadLetter, Record, decode, encode
+from astraflow.topics import DEADLETTER
 
 log = logging.getLogger(__name__)
 R = TypeVar("R", bound=Record)
@@ -332,7 +333,7 @@ def read_to_end(settings: KafkaSettings, topic: str, timeout: float = 60.0) -> l
 class DeadLetters:
     """Publishes records a component could not use to `deadletter`, with their origin and reason."""
 
-    TOPIC = "deadletter"
+    TOPIC = DEADLETTER
 
     def __init__(self, publisher: Publisher, component: str) -> None:
         self.publisher = publisher

@@ -11,12 +11,13 @@ import time
 
 from astraflow.kafka import Publisher
 from astraflow.records import Metric
+from astraflow.topics import METRICS
 
 
 class MetricsReporter:
     """Publishes Metric records for one component instance."""
 
-    TOPIC = "metrics"
+    TOPIC = METRICS
 
     def __init__(self, publisher: Publisher, component: str, instance_id: str, region: str = "local",
                  every_s: float = 0.0) -> None:

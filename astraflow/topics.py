@@ -35,6 +35,23 @@ DEFAULT_SPEC = default_spec_path()
 TOPIC_RE = re.compile(r"^[A-Za-z0-9._\-{}]{1,200}$")
 PLACEHOLDERS = {"policy"}
 
+# The base names of the topics of topics.yaml: code spells a topic only through these (prefixed by
+# `KafkaSettings.topic` with the run's namespace); tests/foundation/test_topics.py checks that they
+# and the file name the same topics.
+TASKS = "tasks"
+TRAJECTORIES = "trajectories"
+SAMPLES = "samples.{policy}"
+WEIGHTS = "weights"
+TASK_STATS = "task-stats"
+METRICS = "metrics"
+DEADLETTER = "deadletter"
+BASE_NAMES = (TASKS, TRAJECTORIES, SAMPLES, WEIGHTS, TASK_STATS, METRICS, DEADLETTER)
+
+
+def samples(policy: str) -> str:
+    """The base name of a policy's samples topic."""
+    return SAMPLES.format(policy=policy)
+
 
 
 def _stringify_configs(v: Any) -> Any:

@@ -33,6 +33,8 @@ from astraflow.config.kafka import KafkaSettings
 from astraflow.errors import ConfigError
 from astraflow.kafka import fetch_limit, make_admin, resolve
 from astraflow.kafka_faust import faust_settings
+from astraflow.topics import DEADLETTER, METRICS, TASK_STATS, TRAJECTORIES
+from astraflow.topics import samples as samples_topic
 from streams.api import StageContext
 from streams.grouping import Collector
 from streams.pipeline import build_pipeline
@@ -126,11 +128,11 @@ def create_app(recipe: Recipe, *, kafka: KafkaSettings | None = None, data_dir: 
     ctx = StageContext(policies=recipe.policy_names, max_staleness=recipe.max_staleness, seed=recipe.seed)
     pipeline = build_pipeline(cfg, ctx)
     with_stats = bool(pipeline.task_stats)
-    bases = ["trajectories", *(f"samples.{p}" for p in recipe.policy_names), "deadletter", "metrics"]
+    bases = [TRAJECTORIES, *(samples_topic(p) for p in recipe.policy_names), DEADLETTER, METRICS]
     if with_stats:
-        bases.append("task-stats")
+        bases.append(TASK_STATS)
     cluster = check_topics(settings, bases)
-    traj_topic = settings.topic("trajectories")
+    traj_topic = settings.topic(TRAJECTORIES)
     n_parts = cluster.partitions[traj_topic]
 
     app_id = settings.group(cfg.app_id)
@@ -163,12 +165,12 @@ def create_app(recipe: Recipe, *, kafka: KafkaSettings | None = None, data_dir: 
 
     raw = {"key_serializer": "raw", "value_serializer": "raw"}
     source = app.topic(traj_topic, **raw)
-    samples = {p: app.topic(settings.topic(f"samples.{p}"), **raw) for p in recipe.policy_names}
+    samples = {p: app.topic(settings.topic(samples_topic(p)), **raw) for p in recipe.policy_names}
     task_updates = task_stats_topic = stats_table = None
     if with_stats:
         task_updates = app.topic(f"{app_id}-task-updates", internal=True, partitions=n_parts,
                                  key_serializer="raw", value_serializer="msgpack")
-        task_stats_topic = app.topic(settings.topic("task-stats"), **raw)
+        task_stats_topic = app.topic(settings.topic(TASK_STATS), **raw)
         stats_table = _table(app, "task_stats", n_parts, "msgpack", {})
 
     internal = [groups.changelog_topic, bodies.changelog_topic]
@@ -178,7 +180,7 @@ def create_app(recipe: Recipe, *, kafka: KafkaSettings | None = None, data_dir: 
 
     topics = Topics(
         trajectories=traj_topic, samples=samples,
-        sample_partitions={p: cluster.partitions[settings.topic(f"samples.{p}")] for p in recipe.policy_names},
+        sample_partitions={p: cluster.partitions[settings.topic(samples_topic(p))] for p in recipe.policy_names},
         task_updates=task_updates, task_stats=task_stats_topic,
     )
     runtime = StreamsRuntime(

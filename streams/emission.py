@@ -21,9 +21,9 @@ from typing import Any
 from astraflow.records import Trajectory, decode, encode
 from streams.api import Group
 from streams.emit import partition_for, read_back
-from streams.grouping import DONE, INTENT
+from streams.grouping import DONE, INTENT, OpenGroup
 from streams.pipeline import StageError
-from streams.stats import dropped_summary
+from streams.stats import TaskSummary, dropped_summary
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +43,10 @@ class _Plan:
     """One group of an emission batch: what its algorithms made of it, before anything is sent."""
 
     gid: str
-    meta: dict[str, Any]
+    meta: OpenGroup  # as it was before this emission's intent
     group: Group
     records: list[tuple[str, int, Any]]  # (policy, partition, Sample)
-    summaries: list[dict[str, Any]]
+    summaries: list[TaskSummary]
     emitted: bool
     number: int = 0  # its place among the emissions that produced Samples (the failpoints count them)
 
@@ -78,7 +78,7 @@ class Emitter:
                          error: str) -> None:
         raise NotImplementedError
 
-    def _group(self, gid: str, meta: dict[str, Any], complete: bool) -> Group | None:
+    def _group(self, gid: str, meta: OpenGroup, complete: bool) -> Group | None:
         trajs = []
         for tid, raw in self.collector.bodies_of(gid):
             traj = self.cache.get(tid)
@@ -158,7 +158,7 @@ class Emitter:
         """Run the algorithms of one group. A group that ends here (dropped at its timeout, or
         failed by a stage) is finished here; None also when it is gone, done, or waits for bodies."""
         c = self.counters
-        meta = self.collector.groups.get(gid)
+        meta = self.collector.meta(gid)
         if meta is None or meta["state"] == DONE:
             return None
         n = len(meta["ids"])
@@ -186,7 +186,7 @@ class Emitter:
                 await self.deadletter(self.topics.trajectories, meta["p"], offset, gid.encode(), raw,
                                       f"Trajectory {tid}: {exc}")
             # the group reaches no trainer: its task statistics say so (the feeder counts it consumed)
-            await self._send_summaries([dict(s, dropped=True) for stage in self.pipeline.task_stats
+            await self._send_summaries([s | {"dropped": True} for stage in self.pipeline.task_stats
                                         for s in stage.take()])
             await self._finish(gid, meta)
             return None
@@ -204,7 +204,7 @@ class Emitter:
         if send_now is not None:
             await send_now()
 
-    async def _send_summaries(self, summaries: list[dict[str, Any]], wait: bool = True) -> list:
+    async def _send_summaries(self, summaries: list[TaskSummary], wait: bool = True) -> list:
         futures = []
         if self.topics.task_updates is not None:
             for summary in summaries:
@@ -239,7 +239,7 @@ class Emitter:
                         "topics", p.gid, len(p.records) - len(missing), len(p.records))
             p.records = missing
 
-    async def _finish(self, gid: str, meta: dict[str, Any]) -> None:
+    async def _finish(self, gid: str, meta: OpenGroup) -> None:
         for tid in meta["ids"]:
             self.cache.pop(tid, None)
         self.arrived.pop(gid, None)

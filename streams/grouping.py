@@ -3,10 +3,12 @@
 State lives in two tables (Faust tables in the app, plain dicts in unit tests), both keyed so that
 a group's entries sit in the changelog partition of the `trajectories` partition it came from:
 
-    groups  group_id -> meta: {"p": partition, "state": pending|intent|done, "first": time of the
-            first trajectory, "size": group_size, "ids": [traj_id, ...], "task", "env", "policies",
-            "at": time of the intent / of emission, "targets": [[topic, partition], ...]}
+    groups  group_id -> meta: an `OpenGroup` while pending or intent, a `DoneGroup` after
     bodies  traj_id -> the trajectory's bytes as consumed (already validated)
+
+The metas are TypedDicts, not dataclasses: the tables hold (and the changelog stores, msgpack
+encoded) exactly these dicts, in this key order, so a restarted worker reads what an older one wrote
+(tests/streams/test_state_format.py holds bytes written before the types existed).
 
 Life of a group: `pending` while trajectories arrive (a repeated traj_id is dropped as
 `duplicate`); when it holds `group_size` distinct trajectories, or its timeout passes, the app
@@ -21,13 +23,42 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Final, Literal, NotRequired, Protocol, TypedDict
 
 from astraflow.records import Trajectory
 from streams.api import Stage
 
-PENDING, INTENT, DONE = "pending", "intent", "done"
+PENDING: Final = "pending"
+INTENT: Final = "intent"
+DONE: Final = "done"
 Action = Literal["complete", "timeout_emit", "timeout_drop", "expire"]
+
+
+class OpenGroup(TypedDict):
+    """A group collecting trajectories (`pending`) or being emitted (`intent`)."""
+
+    p: int  # the `trajectories` partition it came from; its changelog writes go there too
+    state: Literal["pending", "intent"]
+    first: float  # arrival time of its first trajectory (the timeout counts from it)
+    size: int  # group_size of its first trajectory
+    ids: list[str]  # traj_ids, in arrival order
+    offs: list[int]  # their source offsets, in `ids` order (-1: unknown)
+    task: str
+    env: str
+    policies: list[str]  # the union of its trajectories' policies, in first-seen order
+    at: NotRequired[float]  # intent: when it was written
+    targets: NotRequired[list[list[Any]]]  # intent: the [topic, partition] its Samples go to
+
+
+class DoneGroup(TypedDict):
+    """The tombstone of an emitted or dropped group, kept `dedupe_ttl_s` to drop late copies."""
+
+    p: int
+    state: Literal["done"]
+    at: float  # when it was emitted or dropped
+
+
+GroupMeta = OpenGroup | DoneGroup
 
 
 class Table(Protocol):
@@ -98,15 +129,22 @@ class Collector:
     def __init__(self, stage: GroupStage, groups: Table, bodies: Table) -> None:
         self.stage, self.groups, self.bodies = stage, groups, bodies
 
+    def meta(self, gid: str) -> GroupMeta | None:
+        return self.groups.get(gid)
+
+    def metas(self) -> Iterable[tuple[str, GroupMeta | None]]:
+        return self.groups.items()
+
     def add(self, traj: Trajectory, raw: bytes, partition: int, now: float, offset: int = -1) -> Added:
         gid = traj.group_id
-        meta = self.groups.get(gid)
-        if meta is not None and meta["state"] == DONE:
+        found = self.meta(gid)
+        if found is not None and found["state"] == DONE:
             return Added("late")
-        if meta is None:
-            meta = {"p": partition, "state": PENDING, "first": now, "size": traj.group_size, "ids": [],
-                    "offs": [], "task": traj.task_id, "env": traj.env, "policies": list(traj.policies)}
+        if found is None:
+            meta = OpenGroup(p=partition, state=PENDING, first=now, size=traj.group_size, ids=[], offs=[],
+                             task=traj.task_id, env=traj.env, policies=list(traj.policies))
         else:
+            meta = found
             bad = self._inconsistent(meta, traj)
             if bad:
                 return Added("inconsistent", reason=bad)
@@ -124,7 +162,7 @@ class Collector:
         return Added("added", ready=self.ready(meta))
 
     @staticmethod
-    def _inconsistent(meta: dict[str, Any], traj: Trajectory) -> str:
+    def _inconsistent(meta: OpenGroup, traj: Trajectory) -> str:
         if traj.group_size != meta["size"]:
             return f"group_size {traj.group_size} differs from {meta['size']} of the group's first trajectory"
         if traj.task_id != meta["task"]:
@@ -132,13 +170,13 @@ class Collector:
         return ""
 
     @staticmethod
-    def ready(meta: dict[str, Any]) -> bool:
-        return meta["state"] in (PENDING, INTENT) and len(meta["ids"]) >= meta["size"]
+    def ready(meta: GroupMeta) -> bool:
+        return meta["state"] != DONE and len(meta["ids"]) >= meta["size"]
 
     def due(self, now: float, partitions: set[int] | None = None) -> list[tuple[str, Action]]:
         """Groups the sweep must act on, in the given partitions (all if None)."""
         out: list[tuple[str, Action]] = []
-        for gid, meta in self.groups.items():
+        for gid, meta in self.metas():
             if meta is None or (partitions is not None and meta["p"] not in partitions):
                 continue
             if meta["state"] == DONE:
@@ -152,30 +190,31 @@ class Collector:
         return out
 
     def bodies_of(self, gid: str) -> list[tuple[str, bytes]]:
-        meta = self.groups.get(gid)
+        meta: OpenGroup | None = self.groups.get(gid)  # never called on a done group
         return [(tid, self.bodies.get(tid)) for tid in meta["ids"]] if meta else []
 
     @staticmethod
-    def offsets(meta: dict[str, Any]) -> list[int]:
+    def offsets(meta: OpenGroup) -> list[int]:
         """Source offsets of the group's trajectories, in `ids` order."""
         return list(meta.get("offs") or [-1] * len(meta["ids"]))
 
-    def mark_intent(self, gid: str, at: float, targets: list[tuple[str, int]]) -> dict[str, Any]:
-        meta = {**self.groups.get(gid), "state": INTENT, "at": at, "targets": [list(t) for t in targets]}
+    def mark_intent(self, gid: str, at: float, targets: list[tuple[str, int]]) -> OpenGroup:
+        open_meta: OpenGroup = self.groups.get(gid)
+        meta: OpenGroup = {**open_meta, "state": INTENT, "at": at, "targets": [list(t) for t in targets]}
         self.groups.set(gid, meta, meta["p"])
         return meta
 
     def mark_done(self, gid: str, now: float) -> None:
         """Emitted (or dropped): keep a small tombstone for dedupe; delete the bodies."""
-        meta = self.groups.get(gid)
+        meta: OpenGroup = self.groups.get(gid)
         for tid in meta["ids"]:
             self.bodies.delete(tid, meta["p"])
-        self.groups.set(gid, {"p": meta["p"], "state": DONE, "at": now}, meta["p"])
+        self.groups.set(gid, DoneGroup(p=meta["p"], state=DONE, at=now), meta["p"])
 
     def forget(self, gid: str) -> None:
-        meta = self.groups.get(gid)
+        meta = self.meta(gid)
         if meta is not None:
             self.groups.delete(gid, meta["p"])
 
     def pending(self) -> int:
-        return sum(1 for _, m in self.groups.items() if m is not None and m["state"] != DONE)
+        return sum(1 for _, m in self.metas() if m is not None and m["state"] != DONE)

@@ -1,24 +1,19 @@
-"""The algorithm registry: built-ins plus plug-ins found through the `astraflow.algorithms` entry
-point group. A recipe names either kind the same way; an unknown name fails when the pipeline is
-built, listing the known names.
+"""The data algorithms a recipe's `streams.pipeline` can name: built-ins plus plug-ins declared
+under the `astraflow.algorithms` entry point group, served by the shared `astraflow.registry`
+(lazy; a plug-in cannot shadow a built-in; a broken plug-in fails only the recipe naming it; an
+unknown name fails listing the known ones).
 
 A registry entry is a factory (normally a class) called with the stage's `args` as keyword
-arguments. Plug-ins are loaded only when a recipe names them, so a broken plug-in package cannot
-break a pipeline that does not use it. A plug-in may not shadow a built-in name (it is ignored,
-with a warning).
+arguments; `instantiate` checks those arguments against its signature.
 """
 
 from __future__ import annotations
 
 import inspect
-import logging
-from collections.abc import Callable
-from importlib import metadata
 from typing import Any
 
 from astraflow.errors import ConfigError
-
-log = logging.getLogger(__name__)
+from astraflow.registry import Registry
 
 ENTRY_POINT_GROUP = "astraflow.algorithms"
 
@@ -41,46 +36,15 @@ BUILTINS: dict[str, str] = {
     "route": "streams.route:Route",
 }
 
-
-def _import(target: str) -> Any:
-    import importlib
-
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-def plugin_entry_points() -> dict[str, metadata.EntryPoint]:
-    """Entry points of the `astraflow.algorithms` group, by name (built-in names excluded)."""
-    found: dict[str, metadata.EntryPoint] = {}
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in BUILTINS:
-            log.warning("plug-in %s (%s) ignored: %r is a built-in algorithm", ep.value, ep.name, ep.name)
-            continue
-        found.setdefault(ep.name, ep)
-    return found
-
-
-def known_names() -> list[str]:
-    return sorted({*BUILTINS, *plugin_entry_points()})
-
-
-def resolve(name: str) -> Callable[..., Any]:
-    """The factory registered under `name`. Raises ConfigError listing the known names."""
-    if name in BUILTINS:
-        return _import(BUILTINS[name])
-    eps = plugin_entry_points()
-    if name in eps:
-        try:
-            return eps[name].load()
-        except Exception as exc:  # a plug-in's import error is the user's config problem
-            raise ConfigError(f"streams.pipeline: plug-in algorithm {name!r} ({eps[name].value}) "
-                              f"failed to load: {type(exc).__name__}: {exc}") from exc
-    raise ConfigError(f"streams.pipeline: unknown algorithm {name!r}; known: {', '.join(known_names())}")
+ALGORITHMS = Registry("algorithm", ENTRY_POINT_GROUP, BUILTINS)
 
 
 def instantiate(name: str, args: dict[str, Any], where: str) -> Any:
     """Build one stage from its factory and recipe arguments; bad arguments are ConfigErrors."""
-    factory = resolve(name)
+    try:
+        factory = ALGORITHMS.get(name)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
     try:
         sig = inspect.signature(factory)
     except (TypeError, ValueError):
@@ -91,8 +55,10 @@ def instantiate(name: str, args: dict[str, Any], where: str) -> Any:
             allowed = {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
             unknown = sorted(set(args) - allowed)
             if unknown:
-                raise ConfigError(f"{where}: unknown argument {unknown[0]!r} of {name!r}; "
-                                  f"it takes: {', '.join(sorted(allowed)) or 'no arguments'}")
+                raise ConfigError(
+                    f"{where}: unknown argument {unknown[0]!r} of {name!r}; "
+                    f"it takes: {', '.join(sorted(allowed)) or 'no arguments'}"
+                )
     try:
         return factory(**args)
     except (TypeError, ValueError) as exc:

@@ -11,15 +11,20 @@ arrive on different `trajectories` partitions, while the statistics must be aggr
 `fold` remembers the last group_ids it applied per task, so a summary delivered twice (a restart
 re-sends it) is not counted twice. `parse_summary` checks every record of the internal topic before
 `fold` sees it (anyone who can write to the topic can write anything): a malformed one is a
-RecordError naming the field, which the app dead-letters instead of crash-looping on it. Place `task_stats` before the filters to see every group,
-including the zero-variance ones the feeder wants to know about.
+RecordError naming the field, which the app dead-letters instead of crash-looping on it. Place
+`task_stats` before the filters to see every group, including the zero-variance ones the feeder
+wants to know about.
+
+`TaskSummary` (the internal topic's records) and `TaskState` (the table's values) are TypedDicts:
+both are stored msgpack-encoded as exactly these dicts, in this key order, so a restarted worker
+reads what an older one wrote.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 import msgpack
 import numpy as np
@@ -32,6 +37,36 @@ from streams.filters import constant
 RECENT_GROUPS = 64
 MAX_SUMMARY_BYTES = 64 << 10
 MAX_ID_CHARS = 4096
+
+class TaskSummary(TypedDict):
+    """One group's contribution to its task's statistics (a record of the internal topic)."""
+
+    gid: str  # the group (fold skips a group it has already applied)
+    task: str
+    env: str
+    n: int  # trajectories (0 for a group dropped before it could be summarized)
+    reward_sum: float
+    successes: int  # trajectories whose reward reached the success threshold
+    zero_variance: bool
+    version: int  # newest policy version among its tokens (-1: none)
+    dropped: bool  # the group reaches no trainer
+
+
+class TaskState(TypedDict):
+    """A task's running statistics, the value of the `task_stats` table."""
+
+    groups: int
+    samples: int
+    reward_sum: float
+    successes: int
+    zero_variance: int  # groups
+    dropped: NotRequired[int]  # groups; absent in states written before it was counted
+    version: int
+    recent: list[str]  # the last RECENT_GROUPS group_ids applied (dedupe)
+    env: str
+    at: NotRequired[float]  # set by the runtime: when it was last updated (eviction order)
+    p: NotRequired[int]  # set by the runtime: the changelog partition it was written to
+
 
 # field -> (accepted types, check); bool is kept apart from int (True is an int in Python)
 _SUMMARY: dict[str, tuple[tuple[type, ...], Any]] = {
@@ -47,7 +82,7 @@ _SUMMARY: dict[str, tuple[tuple[type, ...], Any]] = {
 }
 
 
-def parse_summary(raw: bytes | None, key: bytes | None = None) -> dict[str, Any]:
+def parse_summary(raw: bytes | None, key: bytes | None = None) -> TaskSummary:
     """Decode and check one record of the internal task-update topic (what `summarize` or
     `dropped_summary` made, msgpack-encoded, keyed by task_id). Raises RecordError naming the field."""
     if raw is None:
@@ -76,10 +111,10 @@ def parse_summary(raw: bytes | None, key: bytes | None = None) -> dict[str, Any]
         raise RecordError("successes", f"{summary['successes']} exceed n {summary['n']}", "TaskUpdate")
     if key is not None and key != summary["task"].encode():
         raise RecordError("<key>", f"Kafka key {key[:80]!r} is not the task {summary['task']!r:.80}", "TaskUpdate")
-    return summary
+    return cast(TaskSummary, summary)  # every field checked above
 
 
-def summarize(group: Group, success_threshold: float = 1.0) -> dict[str, Any]:
+def summarize(group: Group, success_threshold: float = 1.0) -> TaskSummary:
     """One group's contribution: trajectories, reward sum, successes, zero variance, newest version.
 
     A trajectory's reward here is the mean of the rewards of the policies it lists."""
@@ -87,49 +122,50 @@ def summarize(group: Group, success_threshold: float = 1.0) -> dict[str, Any]:
                        dtype=np.float64)
     zero_var = all(constant(group.rewards(p)[group.members(p)]) for p in group.policies)
     versions = [int(t.versions.max()) for t in group.trajectories if t.versions.size]
-    return {
-        "gid": group.group_id, "task": group.task_id, "env": group.env, "n": len(group),
-        "reward_sum": float(rewards.sum()), "successes": int((rewards >= success_threshold).sum()),
-        "zero_variance": bool(zero_var and len(group) > 0), "version": max(versions, default=-1),
-        "dropped": False,
-    }
+    return TaskSummary(
+        gid=group.group_id, task=group.task_id, env=group.env, n=len(group),
+        reward_sum=float(rewards.sum()), successes=int((rewards >= success_threshold).sum()),
+        zero_variance=bool(zero_var and len(group) > 0), version=max(versions, default=-1),
+        dropped=False,
+    )
 
 
-def dropped_summary(group_id: str, task_id: str, env: str) -> dict[str, Any]:
+def dropped_summary(group_id: str, task_id: str, env: str) -> TaskSummary:
     """The contribution of a group dropped before any of its trajectories could be summarized
     (a group timeout): no samples, but one group that reaches no trainer."""
-    return {"gid": group_id, "task": task_id, "env": env, "n": 0, "reward_sum": 0.0, "successes": 0,
-            "zero_variance": False, "version": -1, "dropped": True}
+    return TaskSummary(gid=group_id, task=task_id, env=env, n=0, reward_sum=0.0, successes=0,
+                       zero_variance=False, version=-1, dropped=True)
 
 
-def fold(state: dict[str, Any] | None, summary: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+def fold(state: TaskState | None, summary: TaskSummary) -> tuple[TaskState, bool]:
     """Add a summary to a task's running state. Returns (new state, applied); a group already
     applied (by group_id, among the last RECENT_GROUPS) leaves the state unchanged."""
-    state = state or {"groups": 0, "samples": 0, "reward_sum": 0.0, "successes": 0, "zero_variance": 0,
-                      "dropped": 0, "version": -1, "recent": [], "env": summary["env"]}
+    state = state or TaskState(groups=0, samples=0, reward_sum=0.0, successes=0, zero_variance=0, dropped=0,
+                               version=-1, recent=[], env=summary["env"])
     if summary["gid"] in state["recent"]:
         return state, False
-    new = {
-        "groups": state["groups"] + 1,
-        "samples": state["samples"] + summary["n"],
-        "reward_sum": state["reward_sum"] + summary["reward_sum"],
-        "successes": state["successes"] + summary["successes"],
-        "zero_variance": state["zero_variance"] + int(summary["zero_variance"]),
-        "dropped": state.get("dropped", 0) + int(summary.get("dropped", False)),
-        "version": max(state["version"], summary["version"]),
-        "recent": [*state["recent"], summary["gid"]][-RECENT_GROUPS:],
-        "env": summary["env"],
-    }
+    new = TaskState(
+        groups=state["groups"] + 1,
+        samples=state["samples"] + summary["n"],
+        reward_sum=state["reward_sum"] + summary["reward_sum"],
+        successes=state["successes"] + summary["successes"],
+        zero_variance=state["zero_variance"] + int(summary["zero_variance"]),
+        dropped=state.get("dropped", 0) + int(summary.get("dropped", False)),
+        version=max(state["version"], summary["version"]),
+        recent=[*state["recent"], summary["gid"]][-RECENT_GROUPS:],
+        env=summary["env"],
+    )
     return new, True
 
 
-def to_record(task_id: str, state: dict[str, Any], now: float | None = None) -> TaskStats:
+def to_record(task_id: str, state: TaskState, now: float | None = None) -> TaskStats:
     n = state["samples"]
     return TaskStats(
         task_id=task_id, env=state["env"], groups=state["groups"], samples=n,
         mean_reward=state["reward_sum"] / n if n else 0.0,
         success_rate=min(1.0, state["successes"] / n) if n else 0.0,
-        zero_variance_groups=state["zero_variance"], dropped_groups=state.get("dropped", 0), last_version=max(-1, state["version"]),
+        zero_variance_groups=state["zero_variance"], dropped_groups=state.get("dropped", 0),
+        last_version=max(-1, state["version"]),
         updated_at=time.time() if now is None else now,
     )
 
@@ -142,13 +178,13 @@ class TaskStatsStage(Stage):
 
     def __init__(self, *, success_threshold: float = 1.0) -> None:
         self.success_threshold = float(success_threshold)
-        self.summaries: list[dict[str, Any]] = []
+        self.summaries: list[TaskSummary] = []
 
     def __call__(self, group: Group) -> Group:
         if group.replayed == 0 and len(group):
             self.summaries.append(summarize(group, self.success_threshold))
         return group
 
-    def take(self) -> list[dict[str, Any]]:
+    def take(self) -> list[TaskSummary]:
         out, self.summaries = self.summaries, []
         return out

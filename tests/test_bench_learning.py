@@ -42,7 +42,7 @@ def test_bad_arguments_are_refused(argv: list[str], message: str, capsys: pytest
 def test_a_seed_sets_every_seed_of_every_recipe(name: str) -> None:
     data = yaml.safe_load((ls.RECIPES / f"{name}.yaml").read_text())
     recipe = validate_model(Recipe, ls.seeded(data, 7), name)
-    assert recipe.seed == recipe.model.seed == recipe.feeder.seed == recipe.worker.engine.args["seed"] == 7
+    assert recipe.seed == recipe.model.seed == recipe.feeder.seed == recipe.worker.engine.args.seed == 7
     assert data.get("seed", 0) != 7  # the original is left alone
 
 

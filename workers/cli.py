@@ -30,11 +30,10 @@ def _setup(recipe_path: Path, run_dir: Path | None, bootstrap: str | None) -> tu
 
 
 def check_recipe(recipe: Any) -> None:
-    """Fail at load time on names the workers' registries do not know."""
-    from workers.engines import check_engine
+    """Fail at load time on names the workers' registries do not know (the engine section was
+    checked when the recipe loaded)."""
     from workers.registry import environment_class, workflow_class
 
-    check_engine(recipe.worker.engine)
     env_cls = environment_class(recipe.feeder.env)
     env_cls(**recipe.feeder.env_args)
     for name in recipe.worker.env_args:

@@ -23,11 +23,12 @@ from astraflow.config import KafkaSettings
 from astraflow.errors import AstraFlowError
 from astraflow.kafka import DeadLetters, TopicReader
 from astraflow.records import RecordError, WeightVersion, decode
+from astraflow.topics import WEIGHTS
 from astraflow.weights.auth import verify
 from workers.engines.base import Engine
 
 log = logging.getLogger(__name__)
-TOPIC = "weights"
+TOPIC = WEIGHTS
 
 
 class WeightFollower:

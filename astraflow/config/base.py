@@ -32,6 +32,11 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
             lines.append(f"{source}: unknown key '{loc}'")
         elif err["type"] == "missing":
             lines.append(f"{source}: missing required key '{loc}'")
+        elif err["type"] == "union_tag_invalid":  # a `type` that chooses none of the union's members
+            known = str(err["ctx"]["expected_tags"]).replace("'", "")
+            lines.append(f"{source}: {loc}: unknown type {err['ctx']['tag']!r}; known: {known}")
+        elif err["type"] == "union_tag_not_found":
+            lines.append(f"{source}: {loc}: expected a mapping with a `type`, got {err['input']!r:.80}")
         else:
             lines.append(f"{source}: {loc}: {err['msg']}")
     return "\n".join(lines)

@@ -1,27 +1,75 @@
 """Config of the rollout workers (`astraflow worker`). Owned by the workers component.
 
-Names of environments, workflows and engines are checked against the workers' registries when a
-worker or the feeder loads the recipe (this module cannot import the component).
+Names of environments and workflows are checked against the workers' registries when a worker or
+the feeder loads the recipe (this module cannot import the component). The engine is a union
+discriminated by `type`, so its arguments are checked here, when the recipe loads.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from astraflow.config.base import StrictModel
 
 
-class EngineConfig(StrictModel):
-    """Inference engine, chosen by `type`."""
+class TorchArgs(StrictModel):
+    """Arguments of the `torch` engine."""
 
-    type: str = "torch"
-    """`torch` (local transformers model) or `sglang` (HTTP client of an SGLang server)."""
-    args: dict[str, Any] = Field(default_factory=dict)
-    """Engine-specific arguments. torch: device (cpu, cuda), dtype (float32, bfloat16), max_batch,
-    attn_implementation, seed. sglang: url (one server for every policy) or urls (policy -> url),
-    timeout_s, pause (pause/continue generation around weight updates), flush_cache."""
+    device: str = "cpu"
+    """torch device: cpu, cuda, cuda:1 ..."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights and activations dtype (log-probs are always computed in float32)."""
+    max_batch: int = Field(default=64, ge=1, le=4096)
+    """Most requests decoded together."""
+    attn_implementation: str = "sdpa"
+    """transformers attention kernel (sdpa, eager)."""
+    seed: int = 0
+    """Seed of the sampler (mixed with the worker id so workers differ)."""
+
+
+class SGLangArgs(StrictModel):
+    """Arguments of the `sglang` engine."""
+
+    url: str | None = None
+    """Base URL of the server serving every policy (http://host:port)."""
+    urls: dict[str, str] = Field(default_factory=dict)
+    """Per-policy base URLs (override `url`)."""
+    timeout_s: float = Field(default=600.0, gt=0)
+    """Timeout of one HTTP request."""
+    pause: bool = True
+    """Pause generation (in place) around a weight update where the server offers it."""
+    flush_cache: bool = True
+    """Flush the server's prefix cache after a weight update."""
+
+
+class TorchEngineConfig(StrictModel):
+    """The local transformers model, with its own KV-cache sampler (workers/engines/torch_engine.py)."""
+
+    type: Literal["torch"] = "torch"
+    args: TorchArgs = TorchArgs()
+    """Arguments of the torch engine."""
+
+
+class SGLangEngineConfig(StrictModel):
+    """An HTTP client of SGLang servers (workers/engines/sglang_engine.py)."""
+
+    type: Literal["sglang"]
+    args: SGLangArgs = SGLangArgs()
+    """Arguments of the sglang engine."""
+
+
+def _engine_type(value: Any) -> Any:
+    """`type` may be left out: the torch engine."""
+    return value.get("type", "torch") if isinstance(value, dict) else getattr(value, "type", None)
+
+
+EngineConfig = Annotated[
+    Annotated[TorchEngineConfig, Tag("torch")] | Annotated[SGLangEngineConfig, Tag("sglang")],
+    Discriminator(_engine_type),
+]
+"""Inference engine used for every role, chosen by `type`: `torch` (default) or `sglang`."""
 
 
 class WorkerConfig(StrictModel):
@@ -35,7 +83,7 @@ class WorkerConfig(StrictModel):
     env_args: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Run-time arguments per environment name (e.g. `{search: {tool_latency_s: 0.05}}`), applied
     over the feeder's `env_args` for the feeder's environment."""
-    engine: EngineConfig = EngineConfig()
+    engine: EngineConfig = TorchEngineConfig()
     """Inference engine used for every role."""
     temperature: float = Field(default=1.0, le=10.0)
     """Sampling temperature, > 0 (greedy decoding cannot be trained on). The trainer computes its

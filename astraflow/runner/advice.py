@@ -32,6 +32,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from astraflow.topics import TRAJECTORIES
+
 TRAINER_BUSY_BELOW = 0.25  # a trainer waiting less than this share of the time bounds the run
 WORKERS_IDLE_FROM = 0.5  # workers with at least this much room are short of tasks
 FEEDER_BLOCKED_FROM = 0.5  # a feeder held back at least this share of the time is limited by admission
@@ -88,7 +90,7 @@ def advise(obs: Observed) -> Advice:
     growth, made = obs.backlog_growth_per_s, obs.trajectories_per_s
     if (growth is not None and growth * obs.window_s >= BACKLOG_MIN_RECORDS
             and (made is None or growth >= BACKLOG_GROWS_FROM * made)):
-        now = f" (now {obs.lag['trajectories']:.0f})" if "trajectories" in obs.lag else ""
+        now = f" (now {obs.lag[TRAJECTORIES]:.0f})" if TRAJECTORIES in obs.lag else ""
         return Advice("streams-bound", f"streams-bound: the trajectories lag grows by {growth:.1f} records/s"
                       f"{now} while {waited}; run more streams "
                       "instances (up to the partitions of trajectories) or lighten its stages")

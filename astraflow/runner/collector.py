@@ -27,6 +27,7 @@ from typing import IO, Any
 from astraflow.config import KafkaSettings
 from astraflow.kafka import TopicReader, make_consumer
 from astraflow.records import Metric, RecordError, WeightVersion, decode
+from astraflow.topics import DEADLETTER, METRICS, TASKS, TRAJECTORIES, WEIGHTS
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class Snapshot:
         return sorted((i for (c, _), i in self.instances.items() if c == component), key=lambda i: i.id)
 
 
-class Collector:
+class MetricsCollector:
     """Consumes `metrics` and `weights` in a background thread; `snapshot()` is thread-safe."""
 
     def __init__(self, settings: KafkaSettings, jsonl: Path | None = None, since_s: float | None = None,
@@ -74,7 +75,7 @@ class Collector:
 
     # --------------------------------------------------------------------------- reading
 
-    def start(self) -> Collector:
+    def start(self) -> MetricsCollector:
         self._thread = threading.Thread(target=self._run, name="collector", daemon=True)
         self._thread.start()
         return self
@@ -86,7 +87,7 @@ class Collector:
 
     def _run(self) -> None:
         group = f"astraflow-collector-{uuid.uuid4().hex[:8]}"
-        reader = TopicReader(self.settings, ["metrics", "weights"], group=group,
+        reader = TopicReader(self.settings, [METRICS, WEIGHTS], group=group,
                              **{"enable.auto.commit": False})
         # The probe consumers live for the whole run, made and dropped in this thread: a client
         # created and destroyed every few seconds is what confluent-kafka's garbage-collection
@@ -148,9 +149,9 @@ class Collector:
 
     def _refresh_lag(self, probes: Probes, out: IO[str] | None = None) -> None:
         try:
-            lag = consumer_lag(self.settings, {"tasks": self.worker_group, "trajectories": self.streams_group},
+            lag = consumer_lag(self.settings, {TASKS: self.worker_group, TRAJECTORIES: self.streams_group},
                                probes)
-            dead = topic_size(self.settings, "deadletter", probes)
+            dead = topic_size(self.settings, DEADLETTER, probes)
         except Exception as exc:  # noqa: BLE001 - lag is best effort while the cluster starts
             log.debug("lag refresh failed: %s", exc)
             return

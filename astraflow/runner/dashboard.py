@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from astraflow.runner.collector import Snapshot
+from astraflow.topics import TASKS, TRAJECTORIES
 
 
 def _f(value: float | None, fmt: str = "{:.3f}") -> str:
@@ -75,7 +76,7 @@ def flow_table(snap: Snapshot) -> Table:
     dropped = sum(val for v in streams for k, val in v.items() if k.startswith("trajectories.dropped."))
     pending = sum(v.get("trajectories.pending", 0) for v in streams)
     table.add_row(_f(fv.get("feeder.published"), "{:.0f}"), _f(fv.get("feeder.ahead"), "{:.0f}"),
-                  str(snap.lag.get("tasks", "-")), str(snap.lag.get("trajectories", "-")),
+                  str(snap.lag.get(TASKS, "-")), str(snap.lag.get(TRAJECTORIES, "-")),
                   f"{s_in:.0f}", f"{s_out:.0f}", f"{dropped:.0f}", f"{pending:.0f}", str(snap.deadletters))
     return table
 

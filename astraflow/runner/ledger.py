@@ -31,6 +31,7 @@ from typing import Any
 from astraflow.config import KafkaSettings
 from astraflow.kafka import read_to_end
 from astraflow.records import Sample, Task, TaskStats, Trajectory
+from astraflow.topics import TASK_STATS, TASKS, TRAJECTORIES, samples
 
 WAITING = ("at_trainer", "in_streams", "not_rolled_out")
 
@@ -147,16 +148,16 @@ def build(run_dir: Path, settings: KafkaSettings, policies: list[str], timeout: 
     """The ledger of the run in `run_dir` whose topics `settings` reaches (read to their ends now)."""
     fed: Counter[str] = Counter()
     tasks_of: dict[str, list[str]] = {}
-    for _, rec in read_to_end(settings, "tasks", timeout):
+    for _, rec in read_to_end(settings, TASKS, timeout):
         if isinstance(rec, Task):
             fed[rec.group_id] += 1
             if fed[rec.group_id] == 1:
                 tasks_of.setdefault(rec.task_id, []).append(rec.group_id)
     stats: dict[str, TaskStats] = {}
-    for _, rec in read_to_end(settings, "task-stats", timeout):
+    for _, rec in read_to_end(settings, TASK_STATS, timeout):
         if isinstance(rec, TaskStats):
             stats[rec.task_id] = rec  # compacted by task: the newest counts
-    rolled = {rec.group_id for _, rec in read_to_end(settings, "trajectories", timeout) if isinstance(rec, Trajectory)}
+    rolled = {rec.group_id for _, rec in read_to_end(settings, TRAJECTORIES, timeout) if isinstance(rec, Trajectory)}
     ledgers = {}
     for policy in policies:
         pl = PolicyLedger(policy)
@@ -166,7 +167,7 @@ def build(run_dir: Path, settings: KafkaSettings, policies: list[str], timeout: 
             else:
                 pl.stale.update(entry["groups"])
         pl.stale -= set(pl.trained)  # a group of a discarded batch retrained later was trained
-        sampled = {rec.group_id for _, rec in read_to_end(settings, f"samples.{policy}", timeout)
+        sampled = {rec.group_id for _, rec in read_to_end(settings, samples(policy), timeout)
                    if isinstance(rec, Sample)}
         pl.never_fed = {g for g in [*pl.trained, *pl.stale] if g not in fed}
         for task_id, groups in tasks_of.items():

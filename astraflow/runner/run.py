@@ -33,7 +33,7 @@ from astraflow.config import KafkaSettings, Recipe, load_recipe
 from astraflow.errors import ConfigError
 from astraflow.kafka import make_admin
 from astraflow.runner.advice import advise, measure, rows_from_history
-from astraflow.runner.collector import Collector
+from astraflow.runner.collector import MetricsCollector
 from astraflow.runner.dashboard import render
 from astraflow.runner.report import summary_text, write_report
 from astraflow.runner.stall import StallDetector, observe
@@ -199,7 +199,7 @@ class Run:
         started = time.time()
         settings = self._kafka()
         sup: Supervisor | None = None
-        collector: Collector | None = None
+        collector: MetricsCollector | None = None
         try:
             specs = topics.expand(topics.load_spec(), self.recipe.policy_names, settings)
             self.admin = make_admin(settings)  # held for the whole run, never freed while clients work
@@ -214,7 +214,7 @@ class Run:
                 self._grant(settings, comps)
             for c in comps:
                 sup.add(c)
-            collector = Collector(settings, jsonl=self.run_dir / "metrics.jsonl",
+            collector = MetricsCollector(settings, jsonl=self.run_dir / "metrics.jsonl",
                                   streams_group=self.recipe.streams.app_id,
                                   worker_group=self.recipe.worker.group).start()
             sup.start_all()
@@ -253,7 +253,7 @@ class Run:
                 out[policy] = str(found[-1])
         return out
 
-    def _watch(self, sup: Supervisor, collector: Collector, started: float) -> None:
+    def _watch(self, sup: Supervisor, collector: MetricsCollector, started: float) -> None:
         max_steps = self.opts.max_steps or self.recipe.run.max_steps
         max_minutes = self.opts.max_minutes or self.recipe.run.max_minutes
         trainers = [c for c in sup.components if c.name.startswith("trainer-")]

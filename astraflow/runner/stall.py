@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from astraflow.runner.collector import Snapshot
+from astraflow.topics import TASKS, TRAJECTORIES
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ def observe(snap: Snapshot, policies: list[str], window: float | None) -> tuple[
     flow = Flow(
         feeder_ahead=feeder[0].values.get("feeder.ahead") if feeder else None, window=window,
         episodes_in_flight=sum(w.values.get("worker.in_flight", 0.0) for w in workers), workers=len(workers),
-        tasks_lag=snap.lag.get("tasks"), streams_lag=snap.lag.get("trajectories"),
+        tasks_lag=snap.lag.get(TASKS), streams_lag=snap.lag.get(TRAJECTORIES),
         streams_pending=sum(s.values.get("trajectories.pending", 0.0) for s in snap.of("streams")),
     )
     return steps, flow

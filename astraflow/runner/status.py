@@ -14,9 +14,10 @@ from astraflow.config import KafkaSettings, load_recipe
 from astraflow.errors import ConfigError
 from astraflow.kafka import resolve
 from astraflow.runner.advice import DEFAULT_MAX_EPISODES, advise, measure, rows_from_history
-from astraflow.runner.collector import Collector, Snapshot
+from astraflow.runner.collector import MetricsCollector, Snapshot
 from astraflow.runner.dashboard import render
 from astraflow.runner.run import run_dir_of
+from astraflow.topics import METRICS
 
 
 def show_status(recipe_path: Path | None, bootstrap: str | None, run_dir: Path | None, since: float,
@@ -36,7 +37,7 @@ def show_status(recipe_path: Path | None, bootstrap: str | None, run_dir: Path |
     settings = resolve(base)
     if recipe is not None and settings.namespace is None and (bootstrap or recipe.kafka.bootstrap):
         settings = settings.model_copy(update={"namespace": recipe.name})
-    collector = Collector(settings, since_s=since,
+    collector = MetricsCollector(settings, since_s=since,
                           streams_group=recipe.streams.app_id if recipe else None,
                           worker_group=recipe.worker.group if recipe else "workers").start()
     time.sleep(wait)
@@ -48,7 +49,7 @@ def show_status(recipe_path: Path | None, bootstrap: str | None, run_dir: Path |
     Console().print(status_panel(snap, collector.history(), policies, f"astraflow status ({settings.bootstrap})",
                                  max_episodes))
     if snap.metrics_seen == 0:
-        raise ConfigError(f"no metrics in the last {since:.0f}s on {settings.topic('metrics')}: is a run going?")
+        raise ConfigError(f"no metrics in the last {since:.0f}s on {settings.topic(METRICS)}: is a run going?")
     return 0
 
 

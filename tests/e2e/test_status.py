@@ -16,7 +16,7 @@ from astraflow import broker
 from astraflow.config import KafkaSettings
 from astraflow.kafka import client_config
 from astraflow.records import Metric, WeightVersion, encode
-from astraflow.runner.collector import Collector
+from astraflow.runner.collector import MetricsCollector
 from tests.conftest import REPO, subprocess_env
 from tests.kafka_helpers import commit
 
@@ -38,7 +38,7 @@ def test_collector_reports_lag_dead_letters_metrics_and_weights(kafka: KafkaSett
     assert producer.flush(30) == 0
     commit(kafka, "workers", "tasks", {0: 4, 1: 1})
 
-    collector = Collector(kafka, worker_group="workers").start()
+    collector = MetricsCollector(kafka, worker_group="workers").start()
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -123,3 +123,48 @@ def test_faust_gets_the_same_connection() -> None:
     assert creds.username == "u" and creds.mechanism.value == "SCRAM-SHA-512"
     assert creds.ssl_context.check_hostname is True
     assert "broker_credentials" not in faust_settings(KafkaSettings(bootstrap="h:1"))
+
+
+# ---------------------------------------------------------------- the engine union
+
+
+def test_the_engine_section_is_typed_by_its_type(tmp_path: Path) -> None:
+    from astraflow.config.worker import SGLangEngineConfig, TorchEngineConfig
+
+    assert load_recipe(write(tmp_path, "name: x\n")).worker.engine == TorchEngineConfig()
+    torch_engine = load_recipe(write(tmp_path, "name: x\nworker: {engine: {args: {seed: 3, dtype: bfloat16}}}\n"))
+    assert isinstance(torch_engine.worker.engine, TorchEngineConfig)  # `type` left out: torch
+    assert (torch_engine.worker.engine.args.seed, torch_engine.worker.engine.args.dtype) == (3, "bfloat16")
+    text = "name: x\nworker: {engine: {type: sglang, args: {urls: {policy: 'http://h:1'}, timeout_s: 5}}}\n"
+    sglang = load_recipe(write(tmp_path, text)).worker.engine
+    assert isinstance(sglang, SGLangEngineConfig)
+    assert sglang.args.urls == {"policy": "http://h:1"} and sglang.args.timeout_s == 5.0
+
+
+@pytest.mark.parametrize(
+    ("engine", "words"),
+    [
+        ("{type: vllm}", "worker.engine: unknown type 'vllm'; known: torch, sglang"),
+        ("torch", "worker.engine: expected a mapping with a `type`"),
+        ("{type: torch, args: {devise: cuda}}", "unknown key 'worker.engine.torch.args.devise'"),
+        ("{type: torch, args: {url: 'http://h:1'}}", "unknown key 'worker.engine.torch.args.url'"),  # sglang's
+        ("{type: sglang, args: {max_batch: 8}}", "unknown key 'worker.engine.sglang.args.max_batch'"),
+        ("{type: torch, args: {dtype: float8}}", "worker.engine.torch.args.dtype"),
+        ("{type: sglang, args: {timeout_s: 0}}", "worker.engine.sglang.args.timeout_s"),
+    ],
+)
+def test_bad_engine_sections_fail_when_the_recipe_loads(tmp_path: Path, engine: str, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_recipe(write(tmp_path, f"name: x\nworker:\n  engine: {engine}\n"))
+    assert words in str(info.value) and str(tmp_path) in str(info.value), str(info.value)
+
+
+def test_build_engine_uses_the_typed_arguments() -> None:
+    from astraflow.config.worker import SGLangArgs, SGLangEngineConfig
+    from workers.engines import build_engine
+
+    config = SGLangEngineConfig(type="sglang", args=SGLangArgs(url="http://h:1", urls={"b": "http://h:2"}))
+    assert build_engine(config, "a", "/m").url == "http://h:1"  # type: ignore[attr-defined]
+    assert build_engine(config, "b", "/m").url == "http://h:2"  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="no SGLang url for policy 'a'"):
+        build_engine(SGLangEngineConfig(type="sglang"), "a", "/m")

@@ -17,7 +17,8 @@ DESIGN_TOPICS = {"tasks", "trajectories", "samples.{policy}", "weights", "task-s
 
 def test_spec_has_every_topic_of_the_design() -> None:
     spec = topics.load_spec()
-    assert set(spec.topics) == DESIGN_TOPICS
+    assert set(spec.topics) == DESIGN_TOPICS == set(topics.BASE_NAMES)  # the code's names are the file's
+    assert topics.samples("solver") == "samples.solver"
     for compacted in ("weights", "task-stats"):
         assert spec.topics[compacted].cleanup == "compact"
     specs = topics.expand(spec, ["solver", "verifier"])
