@@ -95,7 +95,7 @@ class WorkerConfig(StrictModel):
     """Sample among the top_k most likely tokens only (0: off)."""
     max_episodes: int = Field(default=16, ge=1, le=4096)
     """Episodes in flight at once in one worker: the episodes of a task beyond it wait their turn
-    (a task's group never starts all at once), and new tasks wait while this many are pending."""
+    (a task's group never starts all at once); see max_queued_episodes for how many wait."""
     max_queued_episodes: int | None = Field(default=None, ge=0)
     """Episodes of tasks taken but waiting for a slot: the worker takes no more tasks beyond
     max_episodes plus this many (None: 4 x max_episodes). A stopping worker drains them like the
