@@ -84,7 +84,9 @@ def test_a_3_node_cluster_loses_a_broker_mid_run_and_loses_nothing(tmp_path: Pat
         entries = [e for e in ledger(run_dir, "solver") if e["trained"]]
         groups = [g for e in entries for g in e["groups"]]
         assert len(groups) == len(set(groups)), "a group was trained twice"
-        assert len(entries) >= 10 and len(groups) == 2 * len(entries)  # every step trained batch_groups groups
+        # every step trained batch_groups groups (under EDF a batch also lists the wholly stale groups
+        # it dropped in passing, whose samples count as stale below)
+        assert len(entries) >= 10 and len(groups) >= 2 * len(entries)
         group_size = 8  # recipes/arithmetic.yaml feeder.group_size: no sample of a trained group went missing
         assert all(e["samples"] + e["stale"] == group_size * len(e["groups"]) for e in entries), entries
         assert any(e["time"] > killed_at for e in entries), "nothing was trained after the kill"
