@@ -115,12 +115,12 @@ class TrainerConfig(StrictModel):
     batch_tokens: int | None = Field(default=None, ge=1)
     """Token budget per step: a batch also closes when the next group would exceed it (a batch
     always holds at least one group)."""
-    order: Literal["fifo", "edf"] = "edf"
+    order: Literal["fifo", "edf"] = "fifo"
     """Which complete groups a batch takes first: `fifo`, in the order they completed; `edf`,
     earliest deadline first, the deadline of a sample being its oldest version + max_staleness,
     so the samples closest to going stale train first (groups already wholly stale are dropped
-    without taking a place; the default: with workers that start a task as soon as it is admitted,
-    FIFO dropped 8-10% of arithmetic's samples as stale, EDF 1.5-1.8%). See trainer/batching.py."""
+    without taking a place; with workers that queue tasks (worker.max_queued_episodes), FIFO
+    dropped 8-10% of arithmetic's samples as stale, EDF 1.4-1.8%). See trainer/batching.py."""
     micro_batch_tokens: int = Field(default=8192, ge=16)
     """Padded tokens per forward/backward pass; larger batches accumulate gradients."""
     publish_every: int = Field(default=1, ge=1)

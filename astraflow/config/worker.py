@@ -96,10 +96,14 @@ class WorkerConfig(StrictModel):
     max_episodes: int = Field(default=16, ge=1, le=4096)
     """Episodes in flight at once in one worker: the episodes of a task beyond it wait their turn
     (a task's group never starts all at once); see max_queued_episodes for how many wait."""
-    max_queued_episodes: int | None = Field(default=None, ge=0)
+    max_queued_episodes: int = Field(default=0, ge=0)
     """Episodes of tasks taken but waiting for a slot: the worker takes no more tasks beyond
-    max_episodes plus this many (None: 4 x max_episodes). A stopping worker drains them like the
-    running ones (worker.drain_timeout_s); a revoked partition's are released to its next owner."""
+    max_episodes plus this many, then pauses its partitions. librdkafka hands over the first record
+    after a resume ~0.9 s late, so a queue (recipes/arithmetic.yaml: 4 x max_episodes) saves that
+    wait on every task; tasks then start with exactly the version they were admitted with, at the
+    staleness bound, which is why arithmetic pairs it with `trainer.order: edf`. A stopping worker
+    drains queued tasks like running ones (worker.drain_timeout_s); a revoked partition's are
+    released to its next owner."""
     max_group_size: int = Field(default=1024, ge=1, le=4096)
     """The largest group_size a worker accepts: a task asking for more is dead-lettered with that
     reason (one task must not be able to queue thousands of episodes or sandboxes)."""
@@ -118,10 +122,6 @@ class WorkerConfig(StrictModel):
     """Workers `astraflow run` starts."""
     regions: list[str] = Field(default_factory=lambda: ["local"])
     """Regions `astraflow run` spreads its workers over (round robin)."""
-
-    def queued_episodes(self) -> int:
-        """Episodes a worker takes beyond its slots (max_queued_episodes, or its default)."""
-        return 4 * self.max_episodes if self.max_queued_episodes is None else self.max_queued_episodes
 
     @field_validator("temperature")
     @classmethod

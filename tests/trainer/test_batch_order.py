@@ -107,7 +107,7 @@ def test_reordering_loses_nothing(order: str) -> None:
 def test_the_recipe_names_the_order_and_refuses_unknown_ones() -> None:
     recipe = validate_model(Recipe, {"name": "r", "trainer": {"order": "edf"}}, "r.yaml")
     assert recipe.trainer.order == "edf"
-    assert validate_model(Recipe, {"name": "r"}, "r.yaml").trainer.order == "edf"
+    assert validate_model(Recipe, {"name": "r"}, "r.yaml").trainer.order == "fifo"
     with pytest.raises(ConfigError, match=r"r\.yaml: trainer\.order: .*'fifo' or 'edf'"):
         validate_model(Recipe, {"name": "r", "trainer": {"order": "lifo"}}, "r.yaml")
     with pytest.raises(ValueError, match="unknown batch order 'lifo'; known: fifo, edf"):

@@ -139,11 +139,11 @@ class _Tasks:
         self.paused = False
 
 
-@pytest.mark.parametrize(("queued", "taken"), [(None, 5), (0, 1), (8, 3)])
+@pytest.mark.parametrize(("queued", "taken"), [(None, 1), (0, 1), (8, 3), (16, 5)])
 def test_a_full_worker_keeps_taking_tasks_until_its_queue_is_full(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                    queued: int | None, taken: int) -> None:
     """Pausing the partitions at max_episodes made each task wait ~0.9 s for librdkafka's resume;
-    the worker takes tasks beyond its slots, up to max_queued_episodes (default 4 x max_episodes)."""
+    with max_queued_episodes the worker takes tasks beyond its slots (default 0: only for free slots)."""
     running, peak = 0, 0
 
     async def episode(*args: Any) -> tuple[list[Any], int]:
@@ -154,7 +154,7 @@ def test_a_full_worker_keeps_taking_tasks_until_its_queue_is_full(tmp_path: Path
         return [], 0
 
     monkeypatch.setattr(worker_mod, "run_episode", episode)
-    w = _worker(tmp_path, max_queued_episodes=queued)
+    w = _worker(tmp_path, **({} if queued is None else {"max_queued_episodes": queued}))
     tasks = _Tasks()
 
     class _Quiet:
