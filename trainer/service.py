@@ -5,9 +5,9 @@ Read top to bottom, one iteration of `run()`:
      last checkpoint), decode (bad records go to `deadletter`), and add to the GroupBuffer;
   2. with lockstep, wait until every other policy has published our current version;
   3. take a batch of complete groups (stale samples dropped and counted), train one step;
-  4. every `publish_every` steps: write the new version into the weight store and announce the
-     WeightVersion event; every `checkpoint_every` steps (default: at every publication), then
-     write a checkpoint. Both happen in the background while the next step trains.
+  4. every `publish_every` steps: write the new version into the weight store, checkpoint it if a
+     checkpoint is due (every `checkpoint_every` steps; default: at every publication), and announce
+     the WeightVersion event, in the background while the next step trains.
 
 A version number is never given to two different weights. A trainer resumed from a checkpoint
 older than the newest stored version (it crashed after publishing, before its next checkpoint)
@@ -300,13 +300,15 @@ class Trainer:
         self.publications.submit(lambda: self._write_version(snap, version, checkpoint))
 
     def _write_version(self, snap: ckpt.Snapshot, version: int, checkpoint: bool) -> None:
+        """Store the version, then checkpoint it when due (before announcing: a version checkpointed
+        with its publication is never lost), then announce it."""
         event = self.store.publish(snap.model_state, version, step=snap.step)
         failpoints.hit(failpoints.TRAINER_ENV, "mid_publication", snap.step, self.home)
+        if checkpoint:
+            self._write_checkpoint(snap)
         self.publisher.send("weights", sign(self._progress(event, snap)), key=self.policy)
         self.publisher.flush()
         log.info("%s: published version %d at step %d", self.policy, version, snap.step)
-        if checkpoint:
-            self._write_checkpoint(snap)
 
     def _announce(self) -> None:
         self.publications.join()  # the store must hold the current version before it is announced again
