@@ -154,6 +154,12 @@ class QuietWorker(faust.Worker):
         super().__init__(*args, **kwargs)
         self.spinner = None
 
+    @property
+    def shortlabel(self) -> str:
+        # the label of faust.Worker's log lines: "[^Worker]: Ready" is the line operators and
+        # harnesses (tests/streams, bench/streams_pipeline.py) wait for
+        return "Worker"
+
 
 class FaustTable:
     """A faust Table seen through the `streams.grouping.Table` protocol.

@@ -34,3 +34,12 @@ def test_plain_faust_worker_turns_debug_on(root_logging):
 def test_quiet_worker_keeps_the_requested_level(root_logging):
     assert _root_level_after_setup(QuietWorker, root_logging) == logging.WARNING
     assert not logging.getLogger("aiokafka").isEnabledFor(logging.DEBUG)
+
+
+def test_quiet_worker_logs_under_the_worker_label(caplog):
+    # "[^Worker]: Ready" is the line the streams harnesses and operators wait for
+    app = faust.App("test-faust-glue-label", broker="kafka://127.0.0.1:1")
+    worker = QuietWorker(app, loglevel="warn", quiet=True)
+    with caplog.at_level(logging.INFO):
+        worker.log.info("Ready")
+    assert "[^Worker]: Ready" in caplog.text
