@@ -9,6 +9,12 @@ from `rewards[policy]`, so a two-policy game trains both sides from the same gro
     dr_grpo                r - mean                            Dr. GRPO (no std: no difficulty bias)
     rloo                   r - mean of the others              REINFORCE leave-one-out
     reinforce_pp_baseline  (r - mean) / std over recent groups REINFORCE++ with a group baseline
+    reinforce_pp           (r - mean') / std' over recent groups REINFORCE++ (global baseline)
+
+The group-relative estimators give a group whose members all got the same reward no gradient at
+all. `reinforce_pp` compares each reward with the policy's recent rewards instead (mean' and std'
+over a window of groups standing in for REINFORCE++'s batch): a task a deterministic policy always
+fails still pushes its answer down, the way out of a state no sampled group can reveal.
 
 std is the sample standard deviation (ddof=1, as torch.std in TRL and verl) unless `ddof` says
 otherwise; a group of one member gets advantage 0 (nothing to compare with).
@@ -69,6 +75,17 @@ def reinforce_pp_baseline(rewards: np.ndarray, scale: float, eps: float = 1e-6,
     return ((r - mean) / (scale + eps)).astype(np.float32), mean, _std(r, ddof)
 
 
+def reinforce_pp(rewards: np.ndarray, mean: float, scale: float, eps: float = 1e-6,
+                 ddof: int = 1) -> tuple[np.ndarray, float, float]:
+    """REINFORCE++: rewards centred on `mean` and divided by `scale`, the mean and standard
+    deviation of rewards over a batch (here: a window of recent groups, see the stage). Returns
+    (advantages, group mean, group std) like the others."""
+    r = np.asarray(rewards, dtype=np.float64)
+    if r.size == 0:
+        return np.zeros(0, np.float32), 0.0, 0.0
+    return ((r - mean) / (scale + eps)).astype(np.float32), float(r.mean()), _std(r, ddof)
+
+
 # --------------------------------------------------------------------------------------- stages
 
 
@@ -122,10 +139,9 @@ class RLOO(_Estimator):
         return rloo(rewards, self.ddof)
 
 
-class ReinforcePPBaseline(_Estimator):
-    """Group-centred rewards scaled by the std of centred rewards over the last `window` groups
-    of the same policy (the current group included): the streaming stand-in for REINFORCE++'s
-    batch normalisation. The window lives in memory; after a restart it refills."""
+class _Windowed(_Estimator):
+    """An estimator that pools values of the policy's last `window` groups (the current one
+    included). The window lives in memory; after a restart it refills."""
 
     def __init__(self, *, window: int = 64, eps: float = 1e-6, ddof: int = 1) -> None:
         if window < 1:
@@ -136,10 +152,29 @@ class ReinforcePPBaseline(_Estimator):
     def setup(self, ctx: StageContext) -> None:
         self._recent = {p: deque(maxlen=self.window) for p in ctx.policies}
 
+    def _pool(self, policy: str, values: np.ndarray) -> tuple[float, float]:
+        """Add this group's `values`; (mean, std) of the window's."""
+        recent = self._recent.setdefault(policy, deque(maxlen=self.window))
+        recent.append(values)
+        pooled = np.concatenate(list(recent))
+        return float(pooled.mean()), float(pooled.std(ddof=self.ddof)) if pooled.size > self.ddof else 0.0
+
+
+class ReinforcePPBaseline(_Windowed):
+    """Group-centred rewards scaled by the std of centred rewards over the last `window` groups
+    of the same policy: the streaming stand-in for REINFORCE++'s batch normalisation."""
+
     def estimate(self, policy: str, rewards: np.ndarray) -> tuple[np.ndarray, float, float]:
         r = np.asarray(rewards, dtype=np.float64)
-        recent = self._recent.setdefault(policy, deque(maxlen=self.window))
-        recent.append(r - r.mean())
-        pooled = np.concatenate(list(recent))
-        scale = float(pooled.std(ddof=self.ddof)) if pooled.size > self.ddof else 0.0
+        _, scale = self._pool(policy, r - r.mean())
         return reinforce_pp_baseline(r, scale, self.eps, self.ddof)
+
+
+class ReinforcePP(_Windowed):
+    """Rewards centred and scaled by the mean and std of the policy's rewards over the last
+    `window` groups: REINFORCE++'s batch baseline, streamed."""
+
+    def estimate(self, policy: str, rewards: np.ndarray) -> tuple[np.ndarray, float, float]:
+        r = np.asarray(rewards, dtype=np.float64)
+        mean, scale = self._pool(policy, r)
+        return reinforce_pp(r, mean, scale, self.eps, self.ddof)

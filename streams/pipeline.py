@@ -162,7 +162,7 @@ def build_pipeline(config: StreamsConfig, ctx: StageContext) -> Pipeline:
         middle.append((spec.name, stage))
     if not seen_advantage:
         raise ConfigError("streams.pipeline: no advantage estimator before 'route' "
-                          "(add one of grpo, dr_grpo, rloo, reinforce_pp_baseline, or a plug-in of kind 'advantage')")
+                          "(add one of grpo, dr_grpo, rloo, reinforce_pp_baseline, reinforce_pp or a plug-in of kind 'advantage')")
     duplicates = {n for n in names[2:-1] if names.count(n) > 1}
     if duplicates:
         # two stages of one name would share metric names; refuse rather than mix their counts

@@ -30,6 +30,7 @@ BUILTINS: dict[str, str] = {
     "dr_grpo": "streams.advantages:DrGRPO",
     "rloo": "streams.advantages:RLOO",
     "reinforce_pp_baseline": "streams.advantages:ReinforcePPBaseline",
+    "reinforce_pp": "streams.advantages:ReinforcePP",
     "task_stats": "streams.stats:TaskStatsStage",
     "replay": "streams.reuse:Replay",
     "mix": "streams.reuse:Mix",

@@ -9,9 +9,11 @@ from streams.advantages import (
     GRPO,
     RLOO,
     DrGRPO,
+    ReinforcePP,
     ReinforcePPBaseline,
     dr_grpo,
     grpo,
+    reinforce_pp,
     reinforce_pp_baseline,
     rloo,
 )
@@ -104,3 +106,35 @@ def test_members_without_a_policy_are_left_out_of_its_baseline() -> None:
     np.testing.assert_allclose(g.advantages["solver"], [0.75, -0.25, -0.25, -0.25], rtol=1e-6)
     RLOO()(g)
     assert g.stats["verifier"][0] == pytest.approx(4 / 3)
+
+
+def test_reinforce_pp_golden() -> None:
+    adv, mean, std = reinforce_pp(R, mean=0.5, scale=0.25, eps=0.0)
+    np.testing.assert_allclose(adv, [2.0, -2.0, -2.0, -2.0], rtol=1e-6)
+    assert (mean, std) == (0.25, 0.5)  # the group's own, as the other estimators report
+
+
+def test_reinforce_pp_moves_a_group_that_always_failed() -> None:
+    # what group baselines cannot do: a group whose members all got 0 after groups that won is
+    # pushed down, one that all won after groups that failed is pushed up
+    stage = ReinforcePP(window=3, eps=0.0)
+    stage.setup(StageContext(policies=["policy"], max_staleness=1))
+    stage(make_group([1.0, 1.0]))
+    lost = stage(make_group([0.0, 0.0], task="t1"))
+    pooled = np.array([1.0, 1.0, 0.0, 0.0])
+    np.testing.assert_allclose(lost.advantages["policy"], [-0.5 / pooled.std(ddof=1)] * 2, rtol=1e-6)
+    assert grpo(np.array([0.0, 0.0]))[0].tolist() == [0.0, 0.0]
+    stage(make_group([0.0, 0.0], task="t2"))
+    won = stage(make_group([1.0, 1.0], task="t3"))  # window of 3: the first group has left it
+    pooled = np.array([0.0, 0.0, 0.0, 0.0, 1.0, 1.0])
+    np.testing.assert_allclose(won.advantages["policy"], [(1.0 - pooled.mean()) / pooled.std(ddof=1)] * 2,
+                               rtol=1e-6)
+
+
+def test_reinforce_pp_keeps_a_window_per_policy() -> None:
+    stage = ReinforcePP(window=8, eps=0.0)
+    stage.setup(StageContext(policies=["a", "b"], max_staleness=1))
+    stage.estimate("a", np.array([1.0, 1.0, 1.0]))
+    adv, _, _ = stage.estimate("b", np.array([1.0, 0.0]))  # a's wins are not b's baseline
+    np.testing.assert_allclose(adv, [0.5 / np.sqrt(0.5), -0.5 / np.sqrt(0.5)], rtol=1e-6)
+
