@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import REPO
 from tests.e2e.helpers import finish, run_env, start_run, summary
@@ -27,13 +28,17 @@ def run_recipe(name: str, tmp_path: Path, bootstrap: str) -> dict:
     return result
 
 
-def assert_learned(policy: dict, name: str, min_gain: float) -> None:
+def group_size(name: str) -> int:
+    return int(yaml.safe_load((REPO / "recipes" / f"{name}.yaml").read_text())["feeder"]["group_size"])
+
+
+def assert_learned(policy: dict, name: str, min_gain: float, group: int) -> None:
     reward = policy["reward"]
     assert reward["p_value"] < 0.01 and reward["improvement"] >= min_gain, (name, reward)
     trained = policy["groups_trained"]
-    # admission keeps the feeder within the staleness window: at most a few groups' samples are
+    # admission keeps the feeder within the staleness window: at most a tenth of the samples are
     # discarded as too old (before the fix, runs threw away more samples than they trained)
-    assert policy["stale_dropped"] <= 0.1 * trained * 8, (name, policy)
+    assert policy["stale_dropped"] <= 0.1 * trained * group, (name, policy)
 
 
 @pytest.mark.parametrize("name", ["arithmetic", "guess_number"])
@@ -41,7 +46,7 @@ def test_single_policy_recipe_learns(name: str, tmp_path: Path, kafka_bootstrap:
     result = run_recipe(name, tmp_path, kafka_bootstrap)
     policy = next(iter(result["policies"].values()))
     assert policy["steps"] >= 400
-    assert_learned(policy, name, min_gain=0.05)
+    assert_learned(policy, name, min_gain=0.05, group=group_size(name))
 
 
 def test_referential_game_speaker_and_listener_learn_to_communicate(tmp_path: Path, kafka_bootstrap: str) -> None:
@@ -49,7 +54,7 @@ def test_referential_game_speaker_and_listener_learn_to_communicate(tmp_path: Pa
     for role in ("speaker", "listener"):
         policy = result["policies"][role]
         assert policy["steps"] >= 300
-        assert_learned(policy, role, min_gain=0.3)
+        assert_learned(policy, role, min_gain=0.3, group=group_size("referential_game"))
         # chance is 50% with 2 candidates; only a protocol the two agree on gets to 90%. "Reaches":
         # the best 30 consecutive steps. The two policies chase each other, and at a constant
         # learning rate an agreed protocol can drift late in a run (one CI run fell from 0.95 to a
