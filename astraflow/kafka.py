@@ -343,14 +343,23 @@ class DeadLetters:
     def publish(self, source_topic: str, partition: int, offset: int, key: bytes | None, raw: bytes,
                 error: str, on_delivery: Callable[[Exception | None], None] | None = None) -> None:
         """Produce the dead letter; `on_delivery` hears the broker's answer (commit the source
-        offset only after it acknowledged)."""
-        from astraflow.records.fields import MAX_BYTES
+        offset only after it acknowledged).
 
-        limit = self.publisher.settings.message_max_bytes * 2 - (1 << 16)
-        truncated = len(raw) > min(limit, MAX_BYTES)
+        A raw record or key longer than a dead letter can carry is cut, and `truncated` says so.
+        Both crashed the component that was dead-lettering (found by tests/faults/test_fuzz.py): a
+        key over MAX_KEY_BYTES made the DeadLetter invalid (RecordError), and a raw record that
+        only fit its topic compressed (a trajectory of 20 MiB on a 16 MiB topic) made a dead letter
+        larger than the producer's message.max.bytes (DeliveryError). The raw bytes are cut to
+        what fits next to the rest of the dead letter and its Kafka key, which librdkafka counts too."""
+        from astraflow.records.fields import MAX_BYTES, MAX_KEY_BYTES
+
+        cut_key = key is not None and len(key) > MAX_KEY_BYTES
+        key = key[:MAX_KEY_BYTES] if key is not None else None
         dead = DeadLetter(source_topic=source_topic, partition=partition, offset=offset, key=key,
-                          raw=raw[: min(limit, MAX_BYTES)] if truncated else raw, error=error[:8192],
-                          component=self.component, truncated=truncated)
+                          error=error[:8192], component=self.component)
+        # 64: the header `raw` adds to the encoding and librdkafka's per-message overhead (< 40 bytes)
+        room = min(fetch_limit(self.publisher.settings), MAX_BYTES) - len(encode(dead)) - len(key or b"") - 64
+        dead.raw, dead.truncated = raw[:room], cut_key or len(raw) > room
         self.publisher.send(self.TOPIC, dead, key=key, on_delivery=on_delivery)
         self.count += 1
         log.warning("dead-lettered %s[%d]@%d: %s", source_topic, partition, offset, error)

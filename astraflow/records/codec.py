@@ -93,7 +93,9 @@ def decode(data: bytes | bytearray | memoryview, expected: type[R] | None = None
     if not isinstance(body, dict):
         raise RecordError("<bytes>", f"expected a msgpack map, got {type(body).__name__}")
     version = body.pop("v", None)
-    if version != SCHEMA_VERSION:
+    # type first: a packed array as `v` made `!=` raise numpy's ValueError, which escaped every
+    # consumer's dead-letter boundary and crashed it (found by tests/faults/test_fuzz.py)
+    if type(version) is not int or version != SCHEMA_VERSION:
         raise RecordError("v", f"unsupported schema version {version!r} (this build reads {SCHEMA_VERSION})")
     type_name = body.pop("t", None)
     cls = RECORD_TYPES.get(type_name) if isinstance(type_name, str) else None

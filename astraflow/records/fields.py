@@ -24,6 +24,8 @@ MAX_MAP_ITEMS = 1_024
 MAX_JSON_NODES = 100_000
 MAX_JSON_DEPTH = 32
 MAX_BYTES = 32 << 20
+#: The longest Kafka key a dead letter keeps (DeadLetters cuts a longer one: the record is bad anyway).
+MAX_KEY_BYTES = 1 << 16
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]{0,63}$")
 

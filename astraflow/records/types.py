@@ -17,6 +17,7 @@ import numpy as np
 
 from astraflow.errors import RecordError
 from astraflow.records.fields import (
+    MAX_KEY_BYTES,
     MAX_TEXT_CHARS,
     NAME,
     SHA256,
@@ -337,8 +338,9 @@ class DeadLetter(Record):
     error: str = wire(Str(max_chars=8192))
     component: str = wire(Str())
     raw: bytes = wire(Bytes(), default=b"")
-    key: bytes | None = wire(Optional(Bytes(max_bytes=1 << 16)), default=None)
+    key: bytes | None = wire(Optional(Bytes(max_bytes=MAX_KEY_BYTES)), default=None)
     truncated: bool = wire(Bool(), default=False)
+    """`raw` or `key` holds only the first bytes of the record's (astraflow.kafka.DeadLetters)."""
     time: float = wire(Float(min=0), default_factory=_now)
 
 

@@ -20,6 +20,7 @@ from astraflow.kafka import (
     read_to_end,
 )
 from astraflow.records import DeadLetter, Trajectory, decode, encode
+from astraflow.records.fields import MAX_KEY_BYTES
 from tests.foundation.test_records import make_traj, seed_records
 from tests.kafka_helpers import read_messages
 
@@ -89,6 +90,28 @@ def test_oversized_record_is_a_clear_error(kafka: KafkaSettings, topics) -> None
     assert "too large" in str(info.value).lower()
     with pytest.raises(DeliveryError, match="cannot produce a record of 20971520 bytes"):
         pub.send_raw("trajectories", os.urandom(20 << 20))  # over the client's own limit
+
+
+def test_a_dead_letter_keeps_what_a_producer_can_send(kafka: KafkaSettings, topics) -> None:  # type: ignore[no-untyped-def]
+    """A record that fit its topic only compressed, and a key over MAX_KEY_BYTES, are dead-lettered
+    cut (`truncated`). Before, the first raised DeliveryError (a dead letter over the producer's
+    message.max.bytes) and the second RecordError (an invalid DeadLetter), and either crashed the
+    component that was dead-lettering (tests/faults/test_fuzz.py found both)."""
+    topics(["solver"])
+    source = kafka.topic("trajectories")
+    dead = DeadLetters(Publisher(kafka), component="test-consumer")
+    zeros = bytes(kafka.message_max_bytes + (4 << 20))  # compresses to a few kB: the topic takes it
+    dead.publish(source, 0, 1, b"huge", zeros, "Trajectory.tokens: too long")
+    dead.publish(source, 0, 2, b"k" * (MAX_KEY_BYTES + 10), b"short", "t: unknown record type None")
+    dead.publish(source, 0, 3, b"g3", b"short", "bad")
+    dead.publisher.flush(60)
+    letters = {
+        d.offset: d for d in (decode(m.value(), DeadLetter) for m in read_all(kafka, "deadletter", 3, 60))
+    }
+    assert letters[1].truncated and zeros.startswith(letters[1].raw) and len(letters[1].raw) > (15 << 20)
+    assert letters[1].key == b"huge" and letters[1].error == "Trajectory.tokens: too long"
+    assert letters[2].truncated and letters[2].key == b"k" * MAX_KEY_BYTES and letters[2].raw == b"short"
+    assert not letters[3].truncated and letters[3].key == b"g3" and letters[3].raw == b"short"
 
 
 def _take(reader: TopicReader, n: int, timeout: float = 30.0) -> list:

@@ -234,3 +234,38 @@ def test_fuzz_every_decoder_raises_only_record_error() -> None:
 def test_fuzz_arbitrary_bytes(data: bytes) -> None:
     with contextlib.suppress(RecordError):
         decode(data)
+
+
+def _packed(values: list, code: int, dtype: str) -> msgpack.ExtType:
+    arr = np.asarray(values, dtype=np.dtype(dtype).newbyteorder("<"))
+    return msgpack.ExtType(1, bytes([code]) + len(arr).to_bytes(4, "little") + arr.tobytes())
+
+
+#: A value of every wire type, for every field: the byte-level fuzz above rarely builds a map with
+#: a well-formed value of the wrong type where a field belongs.
+EVERY_TYPE: list = [
+    None, True, 0, -1, 2**64 - 1, -(2**63), 1.5, float("nan"), float("inf"), "", "x" * 300, b"\x00", [], [1, "a"],
+    {}, {"k": 1}, {"k": float("nan")}, _packed([1, 2], 3, "int32"), _packed([-1.0], 4, "float32"),
+    _packed([], 2, "uint8"), msgpack.ExtType(7, b"?"), msgpack.Timestamp(0),
+]
+
+
+def test_every_field_of_every_type_decodes_or_raises_only_record_error() -> None:
+    """Each field of every record (and `v` and `t`) set to a value of each wire type: decoding
+    gives a valid record or RecordError. A packed array as `v` raised numpy's ValueError from the
+    version check, which crashed every consumer (tests/faults/test_fuzz.py found it)."""
+    refused = 0
+    for record in seed_records():
+        good = msgpack.unpackb(encode(record), raw=False)
+        for field in good:
+            for value in EVERY_TYPE:
+                data = msgpack.packb({**good, field: value}, use_bin_type=True)
+                for cls in (None, type(record)):
+                    try:
+                        decode(data, cls).validate()
+                    except RecordError:
+                        refused += 1
+    assert refused > 1000
+    array_as_version = msgpack.packb({**good, "v": _packed([1, 1], 3, "int32")}, use_bin_type=True)
+    with pytest.raises(RecordError, match="schema version"):
+        decode(array_as_version)
