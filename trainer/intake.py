@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from astraflow.config.kafka import KafkaSettings
-from astraflow.kafka import DeadLetters, TopicReader, decode_or_deadletter
+from astraflow.kafka import DENIED, DeadLetters, KafkaReadError, TopicReader, decode_or_deadletter
 from astraflow.records import Sample
 from trainer import retention
 from trainer.batching import BadSample, GroupBuffer
@@ -58,12 +58,27 @@ class SampleIntake:
             self._intake(msg)
 
     def grow_partitions(self) -> None:
-        """Read partitions added to the topic since we started (`astraflow topics apply` grows them)."""
-        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+        """Read partitions added to the topic since we started (`astraflow topics apply` grows them).
+        A broker that cannot answer now (down, restarting, no leader yet) is asked again at the next
+        check: the trainer rides out a broker restart (a SIGKILLed broker crashed it here in
+        tests/faults/test_broker_restart.py). A denied topic raises."""
+        from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
         self.partition_check = time.monotonic()
-        parts = self.consumer.list_topics(self.topic, timeout=5).topics[self.topic].partitions
-        new = sorted(set(parts) - set(self.partitions))
+        try:
+            meta = self.consumer.list_topics(self.topic, timeout=5).topics.get(self.topic)
+        except KafkaException as exc:
+            err = exc.args[0]  # a KafkaError
+            if err.fatal() or err.name() in DENIED:
+                raise KafkaReadError(f"{self.topic}: {err.str()} ({err.name()})") from None
+            log.warning("%s: no metadata to look for new partitions (%s); trying again in %.0f s",
+                        self.topic, exc, PARTITION_CHECK_S)
+            return
+        if meta is not None and meta.error is not None and meta.error.name() in DENIED:
+            raise KafkaReadError(f"{self.topic}: {meta.error.str()} ({meta.error.name()})")
+        if meta is None or meta.error is not None:
+            return
+        new = sorted(set(meta.partitions) - set(self.partitions))
         if new:
             self.consumer.incremental_assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in new])
             self.partitions += new
