@@ -72,7 +72,7 @@ def reinforce_pp_baseline(rewards: np.ndarray, scale: float, eps: float = 1e-6,
     if r.size == 0:
         return np.zeros(0, np.float32), 0.0, 0.0
     mean = float(r.mean())
-    return ((r - mean) / (scale + eps)).astype(np.float32), mean, _std(r, ddof)
+    return _scaled(r - mean, scale + eps), mean, _std(r, ddof)
 
 
 def reinforce_pp(rewards: np.ndarray, mean: float, scale: float, eps: float = 1e-6,
@@ -83,7 +83,15 @@ def reinforce_pp(rewards: np.ndarray, mean: float, scale: float, eps: float = 1e
     r = np.asarray(rewards, dtype=np.float64)
     if r.size == 0:
         return np.zeros(0, np.float32), 0.0, 0.0
-    return ((r - mean) / (scale + eps)).astype(np.float32), float(r.mean()), _std(r, ddof)
+    return _scaled(r - mean, scale + eps), float(r.mean()), _std(r, ddof)
+
+
+def _scaled(centred: np.ndarray, scale: float) -> np.ndarray:
+    """`centred / scale`; with a scale of 0 (every reward of the window equal, at eps 0) the
+    centred rewards are all 0 and so are the advantages, not 0/0 = NaN."""
+    if scale <= 0:
+        return np.zeros(centred.shape, np.float32)
+    return (centred / scale).astype(np.float32)
 
 
 # --------------------------------------------------------------------------------------- stages

@@ -119,7 +119,8 @@ def test_reinforce_pp_moves_a_group_that_always_failed() -> None:
     # pushed down, one that all won after groups that failed is pushed up
     stage = ReinforcePP(window=3, eps=0.0)
     stage.setup(StageContext(policies=["policy"], max_staleness=1))
-    stage(make_group([1.0, 1.0]))
+    first = stage(make_group([1.0, 1.0]))  # a window of equal rewards: std 0, advantages 0 (not 0/0)
+    assert first.advantages["policy"].tolist() == [0.0, 0.0]
     lost = stage(make_group([0.0, 0.0], task="t1"))
     pooled = np.array([1.0, 1.0, 0.0, 0.0])
     np.testing.assert_allclose(lost.advantages["policy"], [-0.5 / pooled.std(ddof=1)] * 2, rtol=1e-6)
