@@ -25,11 +25,13 @@ from pathlib import Path
 from typing import IO, Any
 
 from astraflow.config import KafkaSettings
-from astraflow.kafka import TopicReader, make_consumer
+from astraflow.kafka import KafkaReadError, TopicReader, make_consumer
 from astraflow.records import Metric, RecordError, WeightVersion, decode
 from astraflow.topics import DEADLETTER, METRICS, TASKS, TRAJECTORIES, WEIGHTS
 
 log = logging.getLogger(__name__)
+
+DRAIN_S = 20.0  # at stop, how long to read on to the topics' ends
 
 
 @dataclass
@@ -83,7 +85,7 @@ class MetricsCollector:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=15)
+            self._thread.join(timeout=DRAIN_S + 15)
 
     def _run(self) -> None:
         group = f"astraflow-collector-{uuid.uuid4().hex[:8]}"
@@ -105,9 +107,7 @@ class MetricsCollector:
                 if time.monotonic() >= next_lag:
                     next_lag = time.monotonic() + 3.0
                     self._refresh_lag(probes, out)
-            # drain what is already there before stopping
-            for msg in reader.consume(5000, 1.0):
-                self._ingest(msg.topic(), msg.value(), out)
+            self._drain(reader, out)
         except Exception:  # noqa: BLE001 - the dashboard must never take the run down
             log.exception("metrics collector failed")
         finally:
@@ -115,6 +115,29 @@ class MetricsCollector:
             probes.close()
             if out is not None:
                 out.close()
+
+    def _drain(self, reader: TopicReader, out: IO[str] | None) -> None:
+        """Read `metrics` and `weights` to the ends they have now, for the run report: the last
+        steps' metrics may still be on their way to this consumer (after a broker died, it takes
+        seconds to find a partition's new leader), and one short poll lost them."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        deadline = time.monotonic() + DRAIN_S
+        try:
+            ends = {(t, p): high for t in reader.topics for p, high in reader.end_offsets(t, DRAIN_S / 2).items()}
+            while True:
+                done = reader.consumer.position([TopicPartition(t, p) for t, p in ends])
+                behind = [tp for tp in done if tp.offset < ends[(tp.topic, tp.partition)]]  # -1001: none read
+                if not behind or time.monotonic() > deadline:
+                    break
+                for msg in reader.consume(5000, 0.5):
+                    self._ingest(msg.topic(), msg.value(), out)
+            if behind:
+                log.warning("metrics collector: could not read %s to its end within %ss; the report misses "
+                            "their last records", sorted(f"{tp.topic}[{tp.partition}]" for tp in behind), DRAIN_S)
+        except (KafkaException, KafkaReadError) as exc:
+            log.warning("metrics collector: could not read metrics to their end (%s); the report may miss "
+                        "the last records", exc)
 
     def _ingest(self, topic: str, value: bytes, out: IO[str] | None) -> None:
         try:

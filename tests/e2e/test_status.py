@@ -3,6 +3,7 @@ letters, the latest metrics and weight versions, against the real broker."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -55,6 +56,23 @@ def test_collector_reports_lag_dead_letters_metrics_and_weights(kafka: KafkaSett
     trainer = snap.of("trainer")[0]
     assert (trainer.id, trainer.step, trainer.values["reward.mean"]) == ("trainer.solver", 7, 0.25)
     assert snap.weights["solver"].version == 3
+
+
+def test_collector_stopped_at_once_still_reads_every_metric_there(kafka: KafkaSettings, topics, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The run report is written from what the collector read: stopped the moment the trainers
+    are done, it reads on to the topic's end (one short poll lost a 3-node run's last 6 steps)."""
+    topics(["solver"])
+    producer = Producer(client_config(kafka))
+    for step in range(40):
+        producer.produce(kafka.topic("metrics"), encode(Metric(component="trainer", id="trainer.solver", step=step,
+                                                               values={"step": float(step)})))
+    assert producer.flush(30) == 0
+    jsonl = tmp_path / "metrics.jsonl"
+    collector = MetricsCollector(kafka, jsonl=jsonl).start()
+    collector.stop()  # before its group has even been joined
+    steps = [json.loads(line)["step"] for line in jsonl.read_text().splitlines()]
+    assert steps == list(range(40))
+    assert collector.snapshot().of("trainer")[0].step == 39
 
 
 def test_status_command_prints_the_dashboard_of_a_running_system(kafka: KafkaSettings, topics) -> None:  # type: ignore[no-untyped-def]
