@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import threading
@@ -198,6 +199,27 @@ DENIED = frozenset({"TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED",
 UNKNOWN = frozenset({"UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC", "_UNKNOWN_PARTITION"})
 
 
+def partitions_of(client: Any, topic: str, timeout: float = 15.0) -> list[int]:
+    """The partitions of the full topic name `topic` by the cluster's metadata, asked through
+    `client` (a consumer, producer or admin); empty while the cluster cannot say (the topic not
+    there, or with no leader, yet). Denied access or a fatal client error raises KafkaReadError; a
+    broker that cannot answer now raises confluent's KafkaException, for the caller to try again."""
+    from confluent_kafka import KafkaException
+
+    try:
+        meta = client.list_topics(topic, timeout=timeout).topics.get(topic)
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else None
+        if err is not None and hasattr(err, "fatal") and (err.fatal() or err.name() in DENIED):
+            raise KafkaReadError(f"{topic}: {err.str()} ({err.name()})") from None
+        raise
+    if meta is not None and meta.error is not None and meta.error.name() in DENIED:
+        raise KafkaReadError(f"{topic}: {meta.error.str()} ({meta.error.name()})")
+    if meta is None or meta.error is not None:
+        return []
+    return sorted(meta.partitions)
+
+
 def make_consumer(settings: KafkaSettings, group: str | None = None, **overrides: Any) -> Any:
     """A confluent Consumer with `consumer_config`; without `group`, a throw-away group that never
     commits (for readers that assign partitions themselves)."""
@@ -238,12 +260,10 @@ class TopicReader:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                meta = self.consumer.list_topics(topic, timeout=15).topics.get(topic)
-                if meta is not None and meta.error is not None and meta.error.name() in DENIED:
-                    raise KafkaReadError(f"{topic}: {meta.error.str()} ({meta.error.name()})")
-                if meta is not None and meta.error is None and meta.partitions:
+                parts = partitions_of(self.consumer, topic)
+                if parts:
                     return {p: self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)[1]
-                            for p in sorted(meta.partitions)}
+                            for p in parts}
             except KafkaException:
                 if time.monotonic() > deadline:
                     raise
@@ -355,11 +375,11 @@ class DeadLetters:
 
         cut_key = key is not None and len(key) > MAX_KEY_BYTES
         key = key[:MAX_KEY_BYTES] if key is not None else None
-        dead = DeadLetter(source_topic=source_topic, partition=partition, offset=offset, key=key,
-                          error=error[:8192], component=self.component)
+        empty = DeadLetter(source_topic=source_topic, partition=partition, offset=offset, key=key,
+                           error=error[:8192], component=self.component)
         # 64: the header `raw` adds to the encoding and librdkafka's per-message overhead (< 40 bytes)
-        room = min(fetch_limit(self.publisher.settings), MAX_BYTES) - len(encode(dead)) - len(key or b"") - 64
-        dead.raw, dead.truncated = raw[:room], cut_key or len(raw) > room
+        room = min(fetch_limit(self.publisher.settings), MAX_BYTES) - len(encode(empty)) - len(key or b"") - 64
+        dead = dataclasses.replace(empty, raw=raw[:room], truncated=cut_key or len(raw) > room)  # checked again
         self.publisher.send(self.TOPIC, dead, key=key, on_delivery=on_delivery)
         self.count += 1
         log.warning("dead-lettered %s[%d]@%d: %s", source_topic, partition, offset, error)

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from astraflow.config.kafka import KafkaSettings
-from astraflow.kafka import DENIED, DeadLetters, KafkaReadError, TopicReader, decode_or_deadletter
+from astraflow.kafka import DeadLetters, TopicReader, decode_or_deadletter, partitions_of
 from astraflow.records import Sample
 from trainer import retention
 from trainer.batching import BadSample, GroupBuffer
@@ -66,19 +66,12 @@ class SampleIntake:
 
         self.partition_check = time.monotonic()
         try:
-            meta = self.consumer.list_topics(self.topic, timeout=5).topics.get(self.topic)
+            found = partitions_of(self.consumer, self.topic, timeout=5)
         except KafkaException as exc:
-            err = exc.args[0]  # a KafkaError
-            if err.fatal() or err.name() in DENIED:
-                raise KafkaReadError(f"{self.topic}: {err.str()} ({err.name()})") from None
             log.warning("%s: no metadata to look for new partitions (%s); trying again in %.0f s",
                         self.topic, exc, PARTITION_CHECK_S)
             return
-        if meta is not None and meta.error is not None and meta.error.name() in DENIED:
-            raise KafkaReadError(f"{self.topic}: {meta.error.str()} ({meta.error.name()})")
-        if meta is None or meta.error is not None:
-            return
-        new = sorted(set(meta.partitions) - set(self.partitions))
+        new = sorted(set(found) - set(self.partitions))
         if new:
             self.consumer.incremental_assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in new])
             self.partitions += new

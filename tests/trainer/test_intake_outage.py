@@ -58,3 +58,20 @@ def test_a_denied_topic_or_a_fatal_error_raises(how: str) -> None:
                 "fatal": lambda: _Metadata(KafkaError(KafkaError._FATAL, "fenced", fatal=True))}[how]()
     with pytest.raises(KafkaReadError, match="ns.samples.p"):
         SampleIntake.grow_partitions(intake(consumer))  # type: ignore[arg-type]
+
+
+def test_reading_a_topics_ends_stops_at_once_on_a_denied_topic_and_waits_out_a_broker_away() -> None:
+    """The same metadata rule (astraflow.kafka.partitions_of) for TopicReader.end_offsets: denied
+    raises at once, not after its timeout; a transport error is retried until the timeout."""
+    import time
+
+    from astraflow.kafka import TopicReader
+
+    denied = SimpleNamespace(consumer=_Metadata(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)))
+    started = time.monotonic()
+    with pytest.raises(KafkaReadError, match="TOPIC_AUTHORIZATION_FAILED"):
+        TopicReader.end_offsets(denied, "ns.samples.p", timeout=30)  # type: ignore[arg-type]
+    assert time.monotonic() - started < 5
+    away = SimpleNamespace(consumer=_Metadata(KafkaError(KafkaError._TRANSPORT, "broker transport failure")))
+    with pytest.raises(KafkaException):
+        TopicReader.end_offsets(away, "ns.samples.p", timeout=1)  # type: ignore[arg-type]
