@@ -76,6 +76,18 @@ def task_consumer_overrides(worker_id: str) -> dict[str, Any]:
     return {"partition.assignment.strategy": "cooperative-sticky", "client.id": worker_id}
 
 
+def refusal(task: Task, runtime: Runtime, max_group_size: int) -> str | None:
+    """Why a task that decoded cannot run on this worker (its dead letter's reason), or None: a
+    group larger than `worker.max_group_size`, or an environment, workflow or roles it cannot resolve."""
+    if task.group_size > max_group_size:
+        return f"task {task.task_id}: group_size {task.group_size} exceeds worker.max_group_size {max_group_size}"
+    try:
+        runtime.resolve(task)
+    except (ConfigError, ValueError) as exc:
+        return f"task {task.task_id}: {exc}"
+    return None
+
+
 class Worker:
     def __init__(self, recipe: Recipe, run_dir: Path, settings: KafkaSettings, worker_id: str | None = None,
                  region: str | None = None) -> None:
@@ -184,16 +196,10 @@ class Worker:
         self.tracker.start(p, off)
         settled = self._dead_letter_settled(p, off)
         task = decode_or_deadletter(msg, Task, self.dead, self.policies, on_delivery=settled)
-        if task is not None and task.group_size > self.cfg.max_group_size:
-            self.dead.publish_message(msg, f"task {task.task_id}: group_size {task.group_size} exceeds "
-                                           f"worker.max_group_size {self.cfg.max_group_size}", on_delivery=settled)
+        refused = refusal(task, self.runtime, self.cfg.max_group_size) if task is not None else None
+        if refused is not None:
+            self.dead.publish_message(msg, refused, on_delivery=settled)
             task = None
-        if task is not None:
-            try:
-                _, wf = self.runtime.resolve(task)
-            except (ConfigError, ValueError) as exc:
-                self.dead.publish_message(msg, f"task {task.task_id}: {exc}", on_delivery=settled)
-                task = None
         if task is None:
             self.counts["deadletters"] += 1
             return

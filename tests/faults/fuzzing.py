@@ -4,11 +4,12 @@ the check gives (what the dead letter must say)."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from astraflow.config import KafkaSettings
+from astraflow.config import KafkaSettings, Recipe
 from astraflow.records import SCHEMA_VERSION, Record, RecordError, Sample, Task, Trajectory, decode, encode
 from astraflow.records.fields import MAX_KEY_BYTES, MAX_TEXT_CHARS
 from astraflow.topics import TASKS, TRAJECTORIES, expand, load_spec, samples
@@ -27,9 +28,10 @@ from tests.faults.mutations import (
     packed,
     valid_record,
 )
+from workers.episodes import Runtime
+from workers.worker import refusal
 
 TOTAL = 10_000
-KEY_LEN = len(b"fuzz-00000")
 
 
 # ------------------------------------------------------------------------------ the consumers
@@ -43,13 +45,13 @@ class Consumer:
     component: str
     topic: str
     record: type[Record]
-    refuse: Callable[[bytes | None, bytes], str | None]
+    refuse: Callable[[bytes | None, bytes | None], str | None]
 
 
-def decoder(cls: type[Record]) -> Callable[[bytes | None, bytes], str | None]:
-    """What the worker and the trainer do (decode_or_deadletter: a null value decodes as b"")."""
+def decoder(cls: type[Record]) -> Callable[[bytes | None, bytes | None], str | None]:
+    """What the trainer does (decode_or_deadletter: a null value decodes as b"")."""
 
-    def refuse(value: bytes | None, _key: bytes) -> str | None:
+    def refuse(value: bytes | None, _key: bytes | None) -> str | None:
         try:
             decode(value or b"", cls, POLICIES)
         except RecordError as exc:
@@ -59,49 +61,72 @@ def decoder(cls: type[Record]) -> Callable[[bytes | None, bytes], str | None]:
     return refuse
 
 
-def streams_validate(value: bytes | None, key: bytes) -> str | None:
+def worker_check(recipe: Recipe) -> Callable[[bytes | None, bytes | None], str | None]:
+    """What the worker does: decode, then its own checks of a task that decoded
+    (workers.worker.refusal: the group size, the environment and its workflow)."""
+    runtime = Runtime(recipe, codec=None)  # type: ignore[arg-type]  # resolving a task needs no tokenizer
+
+    def refuse(value: bytes | None, key: bytes | None) -> str | None:
+        reason = decoder(Task)(value, key)
+        if reason is not None:
+            return reason
+        return refusal(decode(value or b"", Task, POLICIES), runtime, recipe.worker.max_group_size)
+
+    return refuse
+
+
+def streams_validate(value: bytes | None, key: bytes | None) -> str | None:
     """What streams does: its validate stage (the recipe's, with its defaults) on value and key.
-    A value the codec decodes counts as valid even so: the validate stage would refuse it for its
-    key (never its group_id here), but a fuzzed record must be broken in itself."""
-    if decoder(Trajectory)(value, key) is None:
-        return None
+    The fuzzed keys are never a group_id, so it refuses every record, a valid one for its key."""
     try:
         Validate()(value, key, POLICIES)
     except RecordError as exc:
         return str(exc)
-    raise AssertionError("the codec refused a record that streams' validate stage took")
+    return None
 
 
-CONSUMERS = (
-    Consumer("worker", TASKS, Task, decoder(Task)),
-    Consumer("streams", TRAJECTORIES, Trajectory, streams_validate),
-    Consumer("trainer", samples(POLICY), Sample, decoder(Sample)),
-)
+def consumers(recipe: Recipe) -> tuple[Consumer, ...]:
+    return (
+        Consumer("worker", TASKS, Task, worker_check(recipe)),
+        Consumer("streams", TRAJECTORIES, Trajectory, streams_validate),
+        Consumer("trainer", samples(POLICY), Sample, decoder(Sample)),
+    )
 
 
 @dataclass
 class Fuzzed:
-    key: bytes
+    n: int  # its number: b"fuzz-<n>" is its key, unless keyless
+    key: bytes | None
     consumer: Consumer
     kind: str
     value: bytes | None
     reason: str  # the consumer's reason to refuse it: its dead letter must say this
+    headers: list[tuple[str, bytes]] | None = None
 
 
 class Fuzzer:
     """Fuzzed values for one consumer, from a seeded RNG; each is refused by the consumer's own
     check (a mutation that happens to stay valid is drawn again)."""
 
-    KINDS = {"noise": 15, "empty": 5, "truncated": 15, "wrong_type": 10, "targeted": 35, "generic": 20}
+    KINDS = {"noise": 15, "empty": 5, "truncated": 15, "wrong_type": 10, "targeted": 30, "generic": 20,
+             "rejected": 5}
+    KEYLESS, HEADERS = 0.03, 0.1  # shares of records without a key, and with Kafka headers
 
     def __init__(self, consumer: Consumer, rng: random.Random, max_message_bytes: int) -> None:
         self.consumer, self.rng, self.limit = consumer, rng, max_message_bytes
 
     def record(self, n: int, kind: str | None = None, long_key: bool = False) -> Fuzzed:
         """Fuzzed record number `n` of `kind` (else one drawn by KINDS' weights); its key is
-        b"fuzz-<n>", padded past MAX_KEY_BYTES with `long_key`."""
+        b"fuzz-<n>", padded past MAX_KEY_BYTES with `long_key`, or (a share KEYLESS) none; a share
+        HEADERS carries random Kafka headers, which no consumer reads."""
         kind = kind or self.rng.choices(list(self.KINDS), weights=list(self.KINDS.values()))[0]
-        key = b"fuzz-%05d" % n + (b"~" * (MAX_KEY_BYTES + 4464) if long_key else b"")
+        key: bytes | None = b"fuzz-%05d" % n + (b"~" * (MAX_KEY_BYTES + 4464) if long_key else b"")
+        if not long_key and self.rng.random() < self.KEYLESS:
+            key = None
+        headers = None
+        if self.rng.random() < self.HEADERS:
+            headers = [(self.rng.choice(["h", "", "ünï", "x" * 200]), self.rng.randbytes(self.rng.randrange(64)))
+                       for _ in range(self.rng.randint(1, 4))]
         for _ in range(100):
             value, must_name = getattr(self, kind)()
             reason = self.consumer.refuse(value, key)
@@ -109,7 +134,7 @@ class Fuzzer:
                 continue  # stayed valid: draw again
             assert reason, f"{kind}: an empty reason"
             assert must_name in reason, f"{self.consumer.component} {kind}: {must_name!r} not in {reason!r}"
-            return Fuzzed(key, self.consumer, "long_key" if long_key else kind, value, reason)
+            return Fuzzed(n, key, self.consumer, "long_key" if long_key else kind, value, reason, headers)
         raise AssertionError(f"{kind} mutations of {self.consumer.record.TYPE} stayed valid 100 times")
 
     def base(self) -> Record:
@@ -165,6 +190,25 @@ class Fuzzer:
             return pack(body), "unknown record type"
         return pack(body), ""
 
+    def rejected(self) -> tuple[bytes, str]:
+        """A record the codec decodes that its consumer's later checks refuse: a task for an
+        environment this worker does not know or a group larger than it takes, a trajectory whose
+        group_id is not its task's (or whose Kafka key is not its group_id), a sample of a policy
+        this run does not train."""
+        record = self.base()
+        if isinstance(record, Task):
+            if self.rng.random() < 0.5:
+                return encode(dataclasses.replace(record, env="nosuchenv")), "nosuchenv"
+            return encode(dataclasses.replace(record, group_size=4096)), "exceeds worker.max_group_size"
+        if isinstance(record, Trajectory):
+            if self.rng.random() < 0.5:
+                return encode(dataclasses.replace(record, group_id=record.group_id + "x")), "group_id"
+            return encode(record), "<key>"
+        assert isinstance(record, Sample)
+        body = body_of(record)
+        body["policy"] = "verifier"  # a valid name, not a policy of this run: the codec checks it last
+        return pack(body), "unknown policy 'verifier'"
+
     def near_limit(self) -> tuple[bytes, str]:
         """Incompressible noise just under the topic's limit (lz4 adds a little to it)."""
         return self.rng.randbytes(self.limit * 9 // 10), ""
@@ -181,14 +225,15 @@ class Fuzzer:
         return pack(body), "exceeds"
 
 
-def fuzz(settings: KafkaSettings, seed: int = 11) -> list[Fuzzed]:
-    """TOTAL fuzzed records split over the three consumers, in a seeded random order."""
+def fuzz(settings: KafkaSettings, recipe: Recipe, seed: int = 11) -> list[Fuzzed]:
+    """TOTAL fuzzed records split over the three consumers of `recipe`'s run, in a seeded random order."""
     rng = random.Random(seed)
+    readers = consumers(recipe)
     limits = {t.name: int(t.configs["max.message.bytes"]) for t in expand(load_spec(), [POLICY], settings)}
     out: list[Fuzzed] = []
-    for i, consumer in enumerate(CONSUMERS):
+    for i, consumer in enumerate(readers):
         fuzzer = Fuzzer(consumer, rng, limits[settings.topic(consumer.topic)])
-        share = TOTAL // len(CONSUMERS) + (1 if i < TOTAL % len(CONSUMERS) else 0)
+        share = TOTAL // len(readers) + (1 if i < TOTAL % len(readers) else 0)
         special = ["near_limit", "near_limit", "compressible"] + ["long_key"] * 10
         for j in range(share):
             n = len(out)

@@ -2,13 +2,16 @@
 (`tasks`), its streams worker (`trajectories`) and its trainer (`samples.<policy>`) get random
 bytes, empty values, truncated encodings, records of the wrong type, valid records with one field
 broken (wrong type, missing, out of range, NaN or inf, unknown policy, negative or huge lengths,
-token arrays of mismatched lengths, array headers that lie), keys longer than a dead letter keeps,
-and records near their topic's size limit (incompressible ones just under it, compressible ones
-over it that the broker takes compressed).
+token arrays of mismatched lengths, array headers that lie), records that decode but that the
+consumer's later checks refuse (a task for an unknown environment or a group larger than the worker
+takes, a trajectory whose group_id is not its task's or whose key is not its group_id, a sample of
+a policy the run does not train), keys longer than a dead letter keeps, records without a key or
+with Kafka headers, and records near their topic's size limit (incompressible ones just under it,
+compressible ones over it that the broker takes compressed).
 
 Each record is invalid for its consumer by construction: the consumer's own check (the codec's
-`decode`; for streams its `validate` stage) refuses it before it is sent, and the reason it gives
-is what the dead letter must carry. The run must not crash or restart any component, its trainer
+`decode` and, for the worker, `workers.worker.refusal`; for streams its `validate` stage) refuses
+it before it is sent, and the reason it gives is what the dead letter must carry. The run must not crash or restart any component, its trainer
 must keep taking steps, and `deadletter` must hold every fuzzed record exactly once, from the
 component that consumes its topic, with the topic, partition and offset it was produced at.
 """
@@ -23,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from astraflow.config import KafkaSettings
+from astraflow.config import KafkaSettings, load_recipe
 from astraflow.kafka import TopicReader, make_producer
 from astraflow.records import (
     DeadLetter,
@@ -32,7 +35,7 @@ from astraflow.records import (
 from astraflow.records.fields import MAX_KEY_BYTES
 from astraflow.topics import DEADLETTER
 from tests.e2e.helpers import run_env, summary, trainer_steps
-from tests.faults.fuzzing import KEY_LEN, POLICY, TOTAL, Fuzzed, Fuzzer, fuzz
+from tests.faults.fuzzing import POLICY, TOTAL, Fuzzed, Fuzzer, fuzz
 from tests.faults.harness import component_pids, fault_recipe, finish, settings_of, start_run, wait_steps
 
 pytestmark = [
@@ -50,24 +53,28 @@ CRASH_EVENTS = re.compile(r"crashed with status|failed with status|restarted ")
 # ------------------------------------------------------------------------------ producing, reading
 
 
-def produce(settings: KafkaSettings, records: list[Fuzzed]) -> dict[bytes, tuple[str, int, int]]:
-    """Produce every record with one producer; (full topic, partition, offset) of each by key.
-    Its message.max.bytes is raised so the compressible records over a topic's limit leave the
-    client: the broker judges them by their compressed batch."""
-    delivered: dict[bytes, tuple[str, int, int]] = {}
+def produce(settings: KafkaSettings, records: list[Fuzzed]) -> dict[tuple[str, int, int], Fuzzed]:
+    """Produce every record (with its key, if any, and its headers) with one producer; the records
+    by the (full topic, partition, offset) they got. Its message.max.bytes is raised so the
+    compressible records over a topic's limit leave the client: the broker judges them by their
+    compressed batch."""
+    delivered: dict[tuple[str, int, int], Fuzzed] = {}
     errors: list[str] = []
 
-    def done(err: Any, msg: Any) -> None:
-        if err is not None:
-            errors.append(f"{msg.topic()}: {err}")
-        else:
-            delivered[msg.key()[:KEY_LEN]] = (msg.topic(), msg.partition(), msg.offset())
+    def done(f: Fuzzed) -> Any:
+        def report(err: Any, msg: Any) -> None:
+            if err is not None:
+                errors.append(f"{msg.topic()}: {err}")
+            else:
+                delivered[(msg.topic(), msg.partition(), msg.offset())] = f
+        return report
 
     producer = make_producer(settings, **{"message.max.bytes": 64 << 20})
     for f in records:
         while True:
             try:
-                producer.produce(settings.topic(f.consumer.topic), value=f.value, key=f.key, on_delivery=done)
+                producer.produce(settings.topic(f.consumer.topic), value=f.value, key=f.key, headers=f.headers,
+                                 on_delivery=done(f))
                 break
             except BufferError:
                 producer.poll(0.1)
@@ -79,12 +86,14 @@ def produce(settings: KafkaSettings, records: list[Fuzzed]) -> dict[bytes, tuple
 
 
 def read_dead_letters(
-    settings: KafkaSettings, keys: set[bytes], proc: Any, run_dir: Path, timeout: float
-) -> dict[bytes, list[DeadLetter]]:
-    """The dead letters of the fuzzed keys (by their first KEY_LEN bytes), read from the beginning
-    of `deadletter` until each key has one, then 5 s more so duplicates show too. Fails as soon as
-    a component crashed, with the supervisor's event."""
-    found: dict[bytes, list[DeadLetter]] = {}
+    settings: KafkaSettings, delivered: dict[tuple[str, int, int], Fuzzed], proc: Any, run_dir: Path,
+    timeout: float
+) -> dict[int, list[DeadLetter]]:
+    """The dead letters of the fuzzed records (by record number; a dead letter names the topic,
+    partition and offset it came from, which tell keyless records apart too), read from the
+    beginning of `deadletter` until each record has one, then 5 s more so duplicates show too.
+    Fails as soon as a component crashed, with the supervisor's event."""
+    found: dict[int, list[DeadLetter]] = {}
     deadline = time.monotonic() + timeout
     complete_at: float | None = None
     last_check = 0.0
@@ -92,19 +101,20 @@ def read_dead_letters(
         while complete_at is None or time.monotonic() - complete_at < 5:
             for msg in reader.poll_batch(0.5):
                 dead = decode(msg.value(), DeadLetter)
-                if dead.key is not None and dead.key[:KEY_LEN] in keys:
-                    found.setdefault(dead.key[:KEY_LEN], []).append(dead)
-            if complete_at is None and len(found) == len(keys):
+                f = delivered.get((dead.source_topic, dead.partition, dead.offset))
+                if f is not None:
+                    found.setdefault(f.n, []).append(dead)
+            if complete_at is None and len(found) == len(delivered):
                 complete_at = time.monotonic()
             if time.monotonic() - last_check > 5:
                 last_check = time.monotonic()
                 assert not crashes(run_dir), crashes(run_dir)[:6000]
                 assert proc.poll() is None, f"the run exited ({proc.returncode}):\n{finish(proc, 10)[-4000:]}"
             if complete_at is None and time.monotonic() > deadline:
-                missing = {f.decode() for f in keys - set(found)}
+                missing = sorted(f.n for f in delivered.values() if f.n not in found)
                 raise AssertionError(
-                    f"{len(missing)} of {len(keys)} fuzzed records not dead-lettered in "
-                    f"{timeout:.0f}s, e.g. {sorted(missing)[:10]}"
+                    f"{len(missing)} of {len(delivered)} fuzzed records not dead-lettered in "
+                    f"{timeout:.0f}s, e.g. {missing[:10]}"
                 )
     return found
 
@@ -118,32 +128,27 @@ def crashes(run_dir: Path) -> str:
     return text[text.rfind("\n", 0, found.start()) + 1 :] if found else ""
 
 
-def problems(
-    records: list[Fuzzed], delivered: dict[bytes, tuple[str, int, int]], found: dict[bytes, list[DeadLetter]]
-) -> list[str]:
-    """What is wrong with the dead letters of `records`; empty when each is right."""
+def problems(delivered: dict[tuple[str, int, int], Fuzzed], found: dict[int, list[DeadLetter]]) -> list[str]:
+    """What is wrong with the dead letters of the `delivered` records; empty when each is right."""
     out = []
-    for f in records:
-        id_ = f.key[:KEY_LEN]
-        letters = found.get(id_, [])
-        where = f"{id_.decode()} ({f.consumer.component}, {f.kind})"
+    for position, f in delivered.items():
+        letters = found.get(f.n, [])
+        where = f"fuzz-{f.n:05d} ({f.consumer.component}, {f.kind}{'' if f.key else ', keyless'})"
         if len(letters) != 1:
             out.append(f"{where}: {len(letters)} dead letters")
             continue
         dead = letters[0]
         raw = f.value or b""
-        if (dead.source_topic, dead.partition, dead.offset) != delivered[id_]:
-            out.append(
-                f"{where}: from {dead.source_topic}[{dead.partition}]@{dead.offset}, "
-                f"produced at {delivered[id_]}"
-            )
+        if (dead.source_topic, dead.partition, dead.offset) != position:  # by construction; kept as a guard
+            out.append(f"{where}: from {dead.source_topic}[{dead.partition}]@{dead.offset}, produced at {position}")
         if dead.component != f.consumer.component:
             out.append(f"{where}: dead-lettered by {dead.component}")
         if dead.error != f.reason[:8192]:  # what a dead letter's error holds (records/types.py)
             out.append(f"{where}: reason {dead.error[:300]!r}, the consumer's check says {f.reason[:300]!r}")
-        if dead.key != f.key[:MAX_KEY_BYTES] or not raw.startswith(dead.raw):
+        key = f.key[:MAX_KEY_BYTES] if f.key is not None else None
+        if dead.key != key or not raw.startswith(dead.raw):
             out.append(f"{where}: key or raw bytes are not the record's")
-        if dead.truncated != (len(f.key) > MAX_KEY_BYTES or len(dead.raw) < len(raw)):
+        if dead.truncated != (len(f.key or b"") > MAX_KEY_BYTES or len(dead.raw) < len(raw)):
             out.append(
                 f"{where}: truncated={dead.truncated} but {len(dead.raw)} of {len(raw)} raw bytes kept"
             )
@@ -160,10 +165,11 @@ def test_ten_thousand_fuzzed_records_are_dead_lettered_and_crash_nothing(
     run_dir = tmp_path / "run"
     env = run_env(kafka_bootstrap)
     settings = settings_of(run_dir, env)
-    records = fuzz(settings)
-    assert len(records) == TOTAL and len({f.key[:KEY_LEN] for f in records}) == TOTAL
+    records = fuzz(settings, load_recipe(recipe))
+    assert len(records) == TOTAL and len({f.n for f in records}) == TOTAL
     kinds = {f.kind for f in records}
     assert kinds == {*Fuzzer.KINDS, "near_limit", "compressible", "long_key"}, kinds
+    assert 200 < sum(f.key is None for f in records) < 400 and 800 < sum(bool(f.headers) for f in records) < 1200
 
     proc = start_run(recipe, run_dir, env)
     try:
@@ -172,7 +178,7 @@ def test_ten_thousand_fuzzed_records_are_dead_lettered_and_crash_nothing(
         assert all(pids.values()), pids
         t0 = time.monotonic()
         delivered = produce(settings, records)
-        found = read_dead_letters(settings, {f.key[:KEY_LEN] for f in records}, proc, run_dir, 600)
+        found = read_dead_letters(settings, delivered, proc, run_dir, 600)
         dead_lettered_s = time.monotonic() - t0
         wait_steps(run_dir, POLICY, trainer_steps(run_dir, POLICY) + 2, proc, 600)  # the pipeline kept going
         assert not crashes(run_dir), crashes(run_dir)[:6000]
@@ -183,6 +189,6 @@ def test_ten_thousand_fuzzed_records_are_dead_lettered_and_crash_nothing(
         out = finish(proc, 300)
     assert proc.returncode == 0, out[-3000:]
     assert summary(run_dir)["restarts"] == {}, summary(run_dir)["restarts"]
-    wrong = problems(records, delivered, found)
+    wrong = problems(delivered, found)
     assert not wrong, f"{len(wrong)} fuzzed records not dead-lettered right:\n" + "\n".join(wrong[:20])
     print(f"{TOTAL} fuzzed records dead-lettered in {dead_lettered_s:.0f} s")

@@ -13,6 +13,7 @@ from astraflow.config import KafkaSettings
 from astraflow.errors import ConfigError
 from astraflow.records import Task, encode
 from workers import worker as worker_mod
+from workers.episodes import Runtime
 from workers.worker import Worker
 
 from .conftest import make_recipe
@@ -54,7 +55,9 @@ class _Msg:
 def _worker(tmp_path: Path, **cfg: Any) -> Worker:
     recipe = make_recipe(feeder={"env": "arithmetic", "group_size": 4},
                          worker={"max_episodes": 4, "max_group_size": 256, **cfg})
-    return Worker(recipe, tmp_path, KafkaSettings(), worker_id="w-bounds", region="test")
+    worker = Worker(recipe, tmp_path, KafkaSettings(), worker_id="w-bounds", region="test")
+    worker.runtime = Runtime(recipe, codec=None)  # type: ignore[arg-type]  # what _build makes; no tokenizer needed here
+    return worker
 
 
 def test_a_big_group_runs_at_most_max_episodes_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -109,6 +112,23 @@ def test_a_task_over_max_group_size_is_dead_lettered_with_the_reason(tmp_path: P
     assert w.dead.letters == [(0, "task huge: group_size 4096 exceeds worker.max_group_size 256")]
     assert w.tasks == {} and w.pending_episodes == 0 and w.counts["deadletters"] == 1
     assert w.tracker.inflight(0) == 0 and w.tracker.position(0) == 1  # its offset may be committed
+
+
+def test_a_task_for_an_environment_the_worker_lacks_is_dead_lettered_with_the_reason(tmp_path: Path) -> None:
+    w = _worker(tmp_path)
+    w.dead = _Dead()  # type: ignore[assignment]
+
+    async def main() -> None:
+        w.loop = asyncio.get_running_loop()
+        task = Task(task_id="lost", env="nosuchenv", roles={"solver": "policy"}, group_size=4)
+        w._on_message(_Msg(encode(task), offset=0))
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    asyncio.run(main())
+    [(offset, reason)] = w.dead.letters
+    assert offset == 0 and reason.startswith("task lost: unknown environment 'nosuchenv'; known: arithmetic")
+    assert w.tasks == {} and w.counts["deadletters"] == 1 and w.tracker.position(0) == 1
 
 
 def test_a_recipe_whose_groups_no_worker_accepts_is_refused() -> None:
