@@ -97,38 +97,26 @@ def _acked(loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
     return fut
 
 
-def test_a_task_over_max_group_size_is_dead_lettered_with_the_reason(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("task", "reason"), [
+    (Task(task_id="huge", env="arithmetic", roles={"solver": "policy"}, group_size=4096),
+     "task huge: group_size 4096 exceeds worker.max_group_size 256"),
+    (Task(task_id="lost", env="nosuchenv", roles={"solver": "policy"}, group_size=4),
+     "task lost: unknown environment 'nosuchenv'; known: arithmetic, code, guess_number, referential_game, search"),
+])
+def test_a_task_the_worker_cannot_run_is_dead_lettered_with_the_reason(tmp_path: Path, task: Task, reason: str) -> None:
     w = _worker(tmp_path)
     w.dead = _Dead()  # type: ignore[assignment]
 
     async def main() -> None:
         w.loop = asyncio.get_running_loop()
-        big = Task(task_id="huge", env="arithmetic", roles={"solver": "policy"}, group_size=4096)
-        w._on_message(_Msg(encode(big), offset=0))
+        w._on_message(_Msg(encode(task), offset=0))
         for _ in range(3):
             await asyncio.sleep(0)  # the dead letter's delivery settles the offset on the loop
 
     asyncio.run(main())
-    assert w.dead.letters == [(0, "task huge: group_size 4096 exceeds worker.max_group_size 256")]
+    assert w.dead.letters == [(0, reason)]
     assert w.tasks == {} and w.pending_episodes == 0 and w.counts["deadletters"] == 1
     assert w.tracker.inflight(0) == 0 and w.tracker.position(0) == 1  # its offset may be committed
-
-
-def test_a_task_for_an_environment_the_worker_lacks_is_dead_lettered_with_the_reason(tmp_path: Path) -> None:
-    w = _worker(tmp_path)
-    w.dead = _Dead()  # type: ignore[assignment]
-
-    async def main() -> None:
-        w.loop = asyncio.get_running_loop()
-        task = Task(task_id="lost", env="nosuchenv", roles={"solver": "policy"}, group_size=4)
-        w._on_message(_Msg(encode(task), offset=0))
-        for _ in range(3):
-            await asyncio.sleep(0)
-
-    asyncio.run(main())
-    [(offset, reason)] = w.dead.letters
-    assert offset == 0 and reason.startswith("task lost: unknown environment 'nosuchenv'; known: arithmetic")
-    assert w.tasks == {} and w.counts["deadletters"] == 1 and w.tracker.position(0) == 1
 
 
 def test_a_recipe_whose_groups_no_worker_accepts_is_refused() -> None:
