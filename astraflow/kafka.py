@@ -200,17 +200,16 @@ UNKNOWN = frozenset({"UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC", "_UNKNOWN_PARTIT
 
 
 def partitions_of(client: Any, topic: str, timeout: float = 15.0) -> list[int]:
-    """The partitions of the full topic name `topic` by the cluster's metadata, asked through
-    `client` (a consumer, producer or admin); empty while the cluster cannot say (the topic not
-    there, or with no leader, yet). Denied access or a fatal client error raises KafkaReadError; a
-    broker that cannot answer now raises confluent's KafkaException, for the caller to try again."""
+    """The partitions of the full topic name `topic` (asked through any client); empty while the
+    cluster cannot say (no topic or no leader yet). Denied access or a fatal client error raises
+    KafkaReadError; a broker that cannot answer now raises KafkaException, to try again."""
     from confluent_kafka import KafkaException
 
     try:
         meta = client.list_topics(topic, timeout=timeout).topics.get(topic)
     except KafkaException as exc:
-        err = exc.args[0] if exc.args else None
-        if err is not None and hasattr(err, "fatal") and (err.fatal() or err.name() in DENIED):
+        err: Any = exc.args[0] if exc.args else None
+        if hasattr(err, "fatal") and (err.fatal() or err.name() in DENIED):
             raise KafkaReadError(f"{topic}: {err.str()} ({err.name()})") from None
         raise
     if meta is not None and meta.error is not None and meta.error.name() in DENIED:
