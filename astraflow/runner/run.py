@@ -228,6 +228,9 @@ class Run:
                 sup.stop_all()
             if collector is not None:
                 collector.stop()
+            # the last client of this process: freed before the broker stops, or librdkafka prints a
+            # "Connection refused" line a second after the run has ended
+            self.admin = None
             if self.started_broker:
                 broker.stop(self.run_dir / "broker")
                 self.event("stopped the local broker")

@@ -39,6 +39,7 @@ def test_ctrl_c_leaves_nothing_running_and_a_second_run_resumes(tmp_path: Path) 
     out = finish(first, 240)
     assert first.returncode == 0, out[-3000:]
     assert "stopping: interrupted" in out
+    assert "Connection refused" not in out  # no client of the run outlives its broker
     assert "[progress] " in out  # printed as text, not eaten as a rich style tag
     assert processes_of(run_dir) == []  # no component, no broker
     s1 = summary(run_dir)
@@ -55,6 +56,7 @@ def test_ctrl_c_leaves_nothing_running_and_a_second_run_resumes(tmp_path: Path) 
     out = finish(second, 600)
     assert second.returncode == 0, out[-3000:]
     assert "resuming arithmetic" in out
+    assert "Connection refused" not in out
     assert f"every trainer reached {target} steps" in out
     assert processes_of(run_dir) == []
     assert "resumed from" in (run_dir / "logs" / "trainer-solver.log").read_text()
