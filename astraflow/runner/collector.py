@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -32,6 +32,7 @@ from astraflow.topics import DEADLETTER, METRICS, TASKS, TRAJECTORIES, WEIGHTS
 log = logging.getLogger(__name__)
 
 DRAIN_S = 20.0  # at stop, how long to read on to the topics' ends
+HISTORY_S = 600.0  # how far back history() reaches
 
 
 @dataclass
@@ -73,7 +74,9 @@ class MetricsCollector:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._history: dict[tuple[str, str], list[tuple[int, float, dict[str, float]]]] = defaultdict(list)
+        # per instance, its metrics of the last HISTORY_S seconds (the scaling advice reads 120 s):
+        # unbounded, it grew ~7 MiB every 10 minutes of a run (bench/soak.py)
+        self._history: dict[tuple[str, str], deque[tuple[int, float, dict[str, float]]]] = defaultdict(deque)
 
     # --------------------------------------------------------------------------- reading
 
@@ -168,7 +171,7 @@ class MetricsCollector:
             if record.time >= inst.time:
                 inst.values.update(record.values)
                 inst.time, inst.step, inst.region = record.time, record.step, record.region
-            self._history[key].append((record.step, record.time, record.values))
+            self._remember(key, (record.step, record.time, record.values))
 
     def _refresh_lag(self, probes: Probes, out: IO[str] | None = None) -> None:
         try:
@@ -187,7 +190,7 @@ class MetricsCollector:
             self._snap.lag.update(lag)
             self._snap.deadletters = dead
             if values:
-                self._history[("collector", "lag")].append((-1, now, values))
+                self._remember(("collector", "lag"), (-1, now, values))
 
     # --------------------------------------------------------------------------- views
 
@@ -201,6 +204,13 @@ class MetricsCollector:
                 started=self._snap.started,
             )
         return snap
+
+    def _remember(self, key: tuple[str, str], entry: tuple[int, float, dict[str, float]]) -> None:
+        """Keep `entry` in the history of `key`, forgetting what is older than HISTORY_S before it."""
+        kept = self._history[key]
+        kept.append(entry)
+        while kept and kept[0][1] < entry[1] - HISTORY_S:
+            kept.popleft()
 
     def history(self) -> dict[tuple[str, str], list[tuple[int, float, dict[str, float]]]]:
         with self._lock:

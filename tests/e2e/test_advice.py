@@ -300,3 +300,16 @@ def test_status_prints_the_advice() -> None:
     console.print(status_panel(snap, history, ["solver"], "astraflow status (test)", max_episodes=32))
     out = console.export_text()
     assert "scaling: rollout-bound: about 3 more workers would keep the trainer busy" in out
+
+
+def test_the_collectors_history_keeps_only_its_last_ten_minutes() -> None:
+    """Unbounded, the history grew ~7 MiB every 10 minutes of a run (bench/soak.py)."""
+    from astraflow.config import KafkaSettings
+    from astraflow.runner.collector import HISTORY_S, MetricsCollector
+
+    collector = MetricsCollector(KafkaSettings())  # nothing connects before start()
+    for t in range(0, 3600, 5):
+        collector._remember(("trainer", "trainer.solver"), (t // 5, 1000.0 + t, {"reward.mean": 0.5}))
+    kept = collector.history()[("trainer", "trainer.solver")]
+    assert kept[-1][1] == 1000.0 + 3595 and kept[0][1] >= 1000.0 + 3595 - HISTORY_S
+    assert len(kept) == HISTORY_S // 5 + 1
