@@ -31,7 +31,7 @@ from astraflow.topics import DEADLETTER, METRICS, TASKS, TRAJECTORIES, WEIGHTS
 
 log = logging.getLogger(__name__)
 
-DRAIN_S = 20.0  # at stop, how long to read on to the topics' ends
+DRAIN_S = 30.0  # at stop, how long to read on to the topics' ends
 HISTORY_S = 600.0  # how far back history() reaches
 
 
@@ -122,25 +122,34 @@ class MetricsCollector:
     def _drain(self, reader: TopicReader, out: IO[str] | None) -> None:
         """Read `metrics` and `weights` to the ends they have now, for the run report: the last
         steps' metrics may still be on their way to this consumer (after a broker died, it takes
-        seconds to find a partition's new leader), and one short poll lost them."""
+        seconds to find a partition's new leader), and one short poll lost them. Each topic on its
+        own: one whose ends the cluster cannot give (no leader yet) does not hold up the other."""
         from confluent_kafka import KafkaException, TopicPartition
 
         deadline = time.monotonic() + DRAIN_S
+        ends: dict[tuple[str, int], int] = {}
+        for topic in reader.topics:
+            try:
+                ends.update({(topic, p): high for p, high in  # an empty partition has nothing to wait for
+                             reader.end_offsets(topic, max(1.0, deadline - time.monotonic())).items() if high > 0})
+            except (KafkaException, KafkaReadError) as exc:
+                log.warning("metrics collector: no end offsets of %s (%s); the report may miss its last records",
+                            topic, exc)
+        behind: list[Any] = []
         try:
-            ends = {(t, p): high for t in reader.topics for p, high in reader.end_offsets(t, DRAIN_S / 2).items()}
-            while True:
+            while ends:
                 done = reader.consumer.position([TopicPartition(t, p) for t, p in ends])
                 behind = [tp for tp in done if tp.offset < ends[(tp.topic, tp.partition)]]  # -1001: none read
                 if not behind or time.monotonic() > deadline:
                     break
                 for msg in reader.consume(5000, 0.5):
                     self._ingest(msg.topic(), msg.value(), out)
-            if behind:
-                log.warning("metrics collector: could not read %s to its end within %ss; the report misses "
-                            "their last records", sorted(f"{tp.topic}[{tp.partition}]" for tp in behind), DRAIN_S)
         except (KafkaException, KafkaReadError) as exc:
             log.warning("metrics collector: could not read metrics to their end (%s); the report may miss "
                         "the last records", exc)
+        if behind:
+            log.warning("metrics collector: could not read %s to its end within %ss; the report misses "
+                        "their last records", sorted(f"{tp.topic}[{tp.partition}]" for tp in behind), DRAIN_S)
 
     def _ingest(self, topic: str, value: bytes, out: IO[str] | None) -> None:
         try:
