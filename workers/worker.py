@@ -203,8 +203,28 @@ class Worker:
         if task is None:
             self.counts["deadletters"] += 1
             return
+        self._start(task, p, off)
+
+    def _start(self, task: Task, partition: int, offset: int) -> asyncio.Task[None]:
+        """Run a task: its episodes count as pending until each has ended, and whatever the task still
+        holds is given back when it is done, however it ends. That is a done callback, not a `finally`
+        in the coroutine: a task cancelled before it first ran (its partition revoked by the same poll
+        that fetched it, as when a second worker joins) never enters its coroutine, and a `finally`
+        there left its group_size counted forever; with max_episodes of such leaks the worker paused
+        its partitions for good (CI: guess_number hung at step 4 with 4 revoked tasks, 32 episodes)."""
+        held = [task.group_size]  # episode slots this task still holds; each episode frees its own
         self.pending_episodes += task.group_size
-        self.tasks[(p, off)] = asyncio.create_task(self._run_task(task, p, off))
+        key = (partition, offset)
+        t = asyncio.create_task(self._run_task(task, partition, offset, held))
+        self.tasks[key] = t
+
+        def ended(_: asyncio.Task[None]) -> None:
+            self.pending_episodes -= held[0]  # episodes that never started
+            held[0] = 0
+            if self.tasks.get(key) is t:
+                del self.tasks[key]
+        t.add_done_callback(ended)
+        return t
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         self.assigned |= {tp.partition for tp in partitions}
@@ -252,8 +272,7 @@ class Worker:
 
     # ------------------------------------------------------------------ running a task
 
-    async def _run_task(self, task: Task, partition: int, offset: int) -> None:
-        held = [task.group_size]  # episode slots this task still holds; each episode frees its own
+    async def _run_task(self, task: Task, partition: int, offset: int, held: list[int]) -> None:
         try:
             await self._wait_for_weights(task)
             acks = await asyncio.gather(*(self._episode(task, k, held) for k in range(task.group_size)))
@@ -264,9 +283,6 @@ class Worker:
             log.error("task %s: %s; it will be re-run", task.task_id, exc)
             self.stop()
             return
-        finally:
-            self.pending_episodes -= held[0]  # episodes cancelled before they started
-            self.tasks.pop((partition, offset), None)
         self.counts["tasks_done"] += 1
         self._finished(partition, offset)
 

@@ -81,14 +81,14 @@ def test_a_big_group_runs_at_most_max_episodes_at_once(tmp_path: Path, monkeypat
         w._publish = lambda traj: _acked(w.loop)  # type: ignore[method-assign]
         w.tracker.start(0, 0)
         task = Task(task_id="big", env="arithmetic", roles={"solver": "policy"}, group_size=200)
-        w.pending_episodes += task.group_size
-        await w._run_task(task, 0, 0)
+        await w._start(task, 0, 0)
+        await asyncio.sleep(0)  # the task's done callback
 
     asyncio.run(main())
     assert sorted(started) == list(range(200))  # every episode ran, queued behind the limit
     assert peak == 4  # never more than max_episodes at once
     assert w.counts["tasks_done"] == 1 and w.counts["episodes"] == 200 and w.counts["tokens"] == 1400
-    assert w.pending_episodes == 0 and w.running_episodes == 0
+    assert w.pending_episodes == 0 and w.running_episodes == 0 and w.tasks == {}
 
 
 def _acked(loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
@@ -185,3 +185,43 @@ def test_a_full_worker_keeps_taking_tasks_until_its_queue_is_full(tmp_path: Path
     asyncio.run(main())
     assert tasks.offset == taken and tasks.paused  # (4 + queued) // 4 tasks, then the partitions pause
     assert peak == 4  # still never more than max_episodes running
+
+
+class _TopicPartition:
+    def __init__(self, partition: int) -> None:
+        self.partition = partition
+
+
+def test_a_task_revoked_by_the_poll_that_fetched_it_gives_back_its_episodes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second worker joining revokes partitions inside the first one's poll, after that poll
+    handed over a task: the task is cancelled before its coroutine ever ran. Its episodes must still
+    leave the worker's count, or a few such tasks fill max_episodes forever and the worker pauses its
+    partitions for good (CI: guess_number hung at step 4)."""
+    ran: list[int] = []
+
+    async def episode(runtime: Any, task: Task, k: int, *rest: Any) -> tuple[list[Any], int]:
+        ran.append(k)
+        return [], 0
+
+    monkeypatch.setattr(worker_mod, "run_episode", episode)
+    w = _worker(tmp_path)
+    w.runtime = type("R", (), {"resolve": staticmethod(lambda task: (None, None))})()  # type: ignore[assignment]
+
+    class _Consumer:
+        def commit(self, asynchronous: bool) -> None: ...
+
+    async def main() -> None:
+        w.loop = asyncio.get_running_loop()
+        w.assigned = {0}
+        w.dead = _Dead()  # type: ignore[assignment]
+        task = Task(task_id="t0", env="arithmetic", roles={"solver": "policy"}, group_size=4)
+        w._on_message(_Msg(encode(task), offset=0))  # fetched by a poll ...
+        w._on_revoke(_Consumer(), [_TopicPartition(0)])  # ... whose rebalance revoked its partition
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    asyncio.run(main())
+    assert ran == []  # it never started: its new owner runs it
+    assert w.counts["tasks_released"] == 1 and w.counts["tasks_done"] == 0
+    assert w.pending_episodes == 0 and w.tasks == {}  # nothing held: the worker has room for new tasks
