@@ -37,7 +37,7 @@ import yaml
 from astraflow import broker
 from astraflow.config import KafkaSettings, load_recipe
 from astraflow.kafka import read_to_end
-from astraflow.records import Sample, Task, Trajectory, WeightVersion
+from astraflow.records import Sample, Task, WeightVersion, trajectories_of
 from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent
@@ -74,8 +74,8 @@ def breakdown(settings: KafkaSettings, run_dir: Path, policy: str) -> dict[str, 
     tasks = {r.group_id: ts for ts, r in read_to_end(settings, "tasks") if isinstance(r, Task)}
     started: dict[str, float] = {}
     produced: dict[str, float] = {}
-    for ts, r in read_to_end(settings, "trajectories"):
-        if isinstance(r, Trajectory):
+    for ts, record in read_to_end(settings, "trajectories"):
+        for r in trajectories_of(record):
             start = r.created_at - r.timings.get("episode_s", 0.0)
             started[r.group_id] = min(started.get(r.group_id, start), start)
             produced[r.group_id] = max(produced.get(r.group_id, 0.0), ts)

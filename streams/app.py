@@ -195,7 +195,7 @@ def create_app(recipe: Recipe, *, kafka: KafkaSettings | None = None, data_dir: 
     async def pipeline_agent(stream: Any) -> None:
         async for event in stream.events():
             try:
-                await runtime.on_trajectory(event.message)
+                await runtime.on_record(event.message)
             except Exception as exc:
                 fatal("the pipeline agent", exc)
 

@@ -1,8 +1,8 @@
 """What the Faust agents of streams/app.py do with each event: the thin layer between Faust and
 the pure algorithms.
 
-- `on_trajectory`: validate (bad -> `deadletter`), add to the group table, queue the group for
-  emission when complete.
+- `on_record`: validate each trajectory of a record (one, or a worker's batch of one group's; bad ->
+  `deadletter`), add it to the group table, queue the group for emission when complete.
 - `sweep` (a timer): queue groups whose timeout passed, or that became complete without a new
   event (after a restart), and forget emitted groups past their dedupe TTL.
 - `emitter` (a task, streams/emission.py): emits the queued groups in batches.
@@ -90,20 +90,34 @@ class StreamsRuntime(Emitter):
 
     # ---------------------------------------------------------------- trajectories
 
-    async def on_trajectory(self, msg: Any) -> None:
+    async def on_record(self, msg: Any) -> None:
+        """One record of `trajectories`: a Trajectory, or a TrajectoryBatch of one group's."""
         c = self.counters
         self.last_event = time.monotonic()
-        c.inc("trajectories.in")
-        c.inc("stage.validate.in")
+        c.inc("records.in")
         t0 = time.perf_counter()
         try:
-            traj = self.pipeline.validate(msg.value, msg.key, self.policies)
-        except RecordError as exc:
+            items = self.pipeline.validate.split(msg.value, msg.key, self.policies)
+        except RecordError as exc:  # the record as a whole: nothing of it is used
+            c.inc("trajectories.in")
+            c.inc("stage.validate.in")
             c.inc("stage.validate.deadlettered")
             await self.deadletter(msg.topic, msg.partition, msg.offset, msg.key, msg.value or b"", str(exc))
             return
         finally:
             c.observe("stage.validate.latency_ms", (time.perf_counter() - t0) * 1000.0)
+        for raw, traj in items:
+            await self.on_trajectory(msg, raw, traj)
+
+    async def on_trajectory(self, msg: Any, raw: bytes, traj: Trajectory | RecordError) -> None:
+        """One trajectory of the record `msg` (its bytes `raw`), checked, or why it was refused."""
+        c = self.counters
+        c.inc("trajectories.in")
+        c.inc("stage.validate.in")
+        if isinstance(traj, RecordError):  # one bad trajectory of a batch: dead-lettered alone
+            c.inc("stage.validate.deadlettered")
+            await self.deadletter(msg.topic, msg.partition, msg.offset, msg.key, raw, str(traj))
+            return
         c.inc("stage.validate.out")
         self.pipeline.ctx.versions.observe(traj)
         c.inc("stage.group.in")
@@ -114,11 +128,11 @@ class StreamsRuntime(Emitter):
             c.inc(f"stage.group.dropped.{outcome}")
             c.inc(f"trajectories.dropped.{outcome}")
             return
-        added = self.collector.add(traj, msg.value, msg.partition, now, msg.offset)
+        added = self.collector.add(traj, raw, msg.partition, now, msg.offset)
         self.written()  # durable by the flush before the next commit
         if added.outcome == "inconsistent":
             c.inc("stage.group.deadlettered")
-            await self.deadletter(msg.topic, msg.partition, msg.offset, msg.key, msg.value,
+            await self.deadletter(msg.topic, msg.partition, msg.offset, msg.key, raw,
                                   f"Trajectory {traj.traj_id}: {added.reason}")
         elif added.outcome in ("duplicate", "late"):
             c.inc(f"stage.group.dropped.{added.outcome}")

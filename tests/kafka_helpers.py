@@ -10,7 +10,7 @@ from typing import Any
 
 from astraflow.config import KafkaSettings
 from astraflow.kafka import TopicReader, make_consumer
-from astraflow.records import decode
+from astraflow.records import decode, trajectories_of
 
 
 def read_messages(settings: KafkaSettings, topic: str, *, until: Callable[[list[Any]], bool] | None = None,
@@ -47,6 +47,17 @@ def read_topic(settings: KafkaSettings, topic: str, cls: type | None = None, *,
                          settle=settle if settle is not None else (2.0 if until is None else 0.0))
     holds(msgs)
     return records
+
+
+def read_trajectories(settings: KafkaSettings, *, until: Callable[[list[Any]], bool] | None = None,
+                      timeout: float = 30.0) -> list[Any]:
+    """The Trajectories on `trajectories`, a batch's opened (a worker sends a group's as one record);
+    `until` sees the trajectories."""
+    def flat(records: list[Any]) -> list[Any]:
+        return [t for r in records for t in trajectories_of(r)]
+
+    return flat(read_topic(settings, "trajectories", until=(lambda rs: until(flat(rs))) if until else None,
+                           timeout=timeout))
 
 
 def read_now(settings: KafkaSettings, topic: str, cls: type | None = None,

@@ -1,7 +1,8 @@
 """`astraflow worker`: a member of the consumer group on `tasks` that turns tasks into trajectories.
 
 Dataflow: tasks (consumer group, elastic) -> episodes (many at once, one engine per policy, the torch
-engine batching across them) -> trajectories (idempotent producer, key group_id). A task's offset is
+engine batching across them) -> trajectories (idempotent producer, key group_id; a task's
+trajectories go as one TrajectoryBatch record when its last episode has ended). A task's offset is
 stored only when all its trajectories are acknowledged by the broker and every earlier task of its
 partition is done too (`OffsetTracker`), so a worker killed at any moment loses nothing: its tasks
 are re-run by whoever gets the partition, and the deterministic traj_ids let streams drop duplicates.
@@ -33,7 +34,7 @@ from astraflow.config import KafkaSettings, Recipe
 from astraflow.errors import AstraFlowError, ConfigError
 from astraflow.kafka import DeadLetters, Publisher, TopicReader, consumer_config, decode_or_deadletter
 from astraflow.metrics import MetricsReporter
-from astraflow.records import Task, Trajectory
+from astraflow.records import Task, Trajectory, TrajectoryBatch, encode
 from workers.engines import build_engine
 from workers.engines.base import Engine
 from workers.envs.base import Codec
@@ -45,6 +46,29 @@ log = logging.getLogger(__name__)
 #: How often the serving loop looks for new tasks and delivery acknowledgements when idle: a task
 #: waits at most this long after it is admitted (20 ms before: a tenth of a tiny recipe's step).
 POLL_TICK_S = 0.005
+#: The most encoded trajectories one record of `trajectories` carries (the topic takes 16 MiB): a
+#: group's trajectories travel together, since the streams worker's cost is per record.
+BATCH_BYTES = 1 << 20
+
+
+def batches(trajs: list[Trajectory], max_bytes: int) -> list[TrajectoryBatch]:
+    """The records a task's trajectories travel in: one TrajectoryBatch per group, split where the
+    encoded trajectories would pass `max_bytes` (a trajectory larger than that travels alone)."""
+    out: list[TrajectoryBatch] = []
+    by_group: dict[str, list[bytes]] = {}
+    for traj in trajs:
+        by_group.setdefault(traj.group_id, []).append(encode(traj))
+    for gid, items in by_group.items():
+        chunk: list[bytes] = []
+        size = 0
+        for item in items:
+            if chunk and size + len(item) > max_bytes:
+                out.append(TrajectoryBatch(group_id=gid, items=chunk))
+                chunk, size = [], 0
+            chunk.append(item)
+            size += len(item)
+        out.append(TrajectoryBatch(group_id=gid, items=chunk))
+    return out
 
 
 def default_worker_id() -> str:
@@ -275,8 +299,8 @@ class Worker:
     async def _run_task(self, task: Task, partition: int, offset: int, held: list[int]) -> None:
         try:
             await self._wait_for_weights(task)
-            acks = await asyncio.gather(*(self._episode(task, k, held) for k in range(task.group_size)))
-            await asyncio.gather(*(a for batch in acks for a in batch))
+            ended = await asyncio.gather(*(self._episode(task, k, held) for k in range(task.group_size)))
+            await asyncio.gather(*self._publish([t for trajs in ended for t in trajs]))
         except asyncio.CancelledError:
             return
         except AstraFlowError as exc:  # a trajectory the broker did not take: leave the task uncommitted
@@ -302,11 +326,11 @@ class Worker:
                 return
             await asyncio.sleep(POLL_TICK_S)
 
-    async def _episode(self, task: Task, k: int, held: list[int]) -> list[asyncio.Future[None]]:
-        """Run one episode (when one of the `max_episodes` slots is free) and hand its trajectories
-        to the producer. Its slot is free as soon as it has finished (or failed, or was cancelled):
-        the next task need not wait for the broker to acknowledge this one's trajectories (the
-        task's offset still does)."""
+    async def _episode(self, task: Task, k: int, held: list[int]) -> list[Trajectory]:
+        """Run one episode (when one of the `max_episodes` slots is free); its trajectories. Its slot
+        is free as soon as it has finished (or failed, or was cancelled): the next task need not wait
+        for this one's other episodes, nor for the broker to acknowledge its trajectories (the task's
+        offset still does)."""
         try:
             async with self.slots:
                 self.running_episodes += 1
@@ -322,24 +346,27 @@ class Worker:
             self.pending_episodes -= 1
         self.counts["episodes"] += 1
         self.counts["tokens"] += tokens
-        return [self._publish(t) for t in trajs]
+        return trajs
 
-    def _publish(self, traj: Trajectory) -> asyncio.Future[None]:
-        fut: asyncio.Future[None] = self.loop.create_future()
+    def _publish(self, trajs: list[Trajectory]) -> list[asyncio.Future[None]]:
+        """Send a task's trajectories as few records as fit (`batches`); a future per record."""
+        futures = []
+        for batch in batches(trajs, BATCH_BYTES):
+            fut: asyncio.Future[None] = self.loop.create_future()
 
-        def settle(exc: Exception | None) -> None:
-            if fut.done():
-                return
-            if exc is None:
-                fut.set_result(None)
-            else:
-                fut.set_exception(exc)
+            def settle(exc: Exception | None, fut: asyncio.Future[None] = fut) -> None:
+                if fut.done():
+                    return
+                if exc is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(exc)
 
-        if traj.finish_reason == "error":
-            self.counts["episode_errors"] += 1
-        self.publisher.send("trajectories", traj, key=traj.group_id, on_delivery=self._on_loop(settle))
-        self.counts["trajectories"] += 1
-        return fut
+            self.publisher.send("trajectories", batch, key=batch.group_id, on_delivery=self._on_loop(settle))
+            futures.append(fut)
+        self.counts["episode_errors"] += sum(t.finish_reason == "error" for t in trajs)
+        self.counts["trajectories"] += len(trajs)
+        return futures
 
     # ------------------------------------------------------------------ metrics and shutdown
 

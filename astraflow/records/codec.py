@@ -17,7 +17,7 @@ import numpy as np
 
 from astraflow.errors import RecordError
 from astraflow.records.fields import MAX_BYTES, MAX_TOKENS, Array
-from astraflow.records.types import RECORD_TYPES, Record
+from astraflow.records.types import RECORD_TYPES, Record, Trajectory, TrajectoryBatch
 
 SCHEMA_VERSION = 1
 EXT_NDARRAY = 1
@@ -71,11 +71,12 @@ def encode(record: Record, known_policies: frozenset[str] | None = None) -> byte
     return msgpack.packb(body, default=_default, use_bin_type=True)
 
 
-def decode(data: bytes | bytearray | memoryview, expected: type[R] | None = None,
+def decode(data: bytes | bytearray | memoryview, expected: type[R] | tuple[type[Record], ...] | None = None,
            known_policies: frozenset[str] | None = None) -> R:
     """Decode and validate one record. Raises RecordError (and nothing else) on bad input.
 
-    With `expected`, a record of another type is an error; without it any record type decodes.
+    With `expected` (a type, or a tuple of them), a record of another type is an error, found before
+    its fields are read; without it any record type decodes.
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise RecordError("<bytes>", f"expected bytes, got {type(data).__name__}")
@@ -101,8 +102,10 @@ def decode(data: bytes | bytearray | memoryview, expected: type[R] | None = None
     cls = RECORD_TYPES.get(type_name) if isinstance(type_name, str) else None
     if cls is None:
         raise RecordError("t", f"unknown record type {type_name!r}")
-    if expected is not None and cls is not expected:
-        raise RecordError("t", f"expected a {expected.TYPE} record, got {type_name}")
+    wanted = expected if isinstance(expected, tuple) else (expected,) if expected is not None else ()
+    if wanted and cls not in wanted:
+        names = " or ".join(w.TYPE for w in wanted)
+        raise RecordError("t", f"expected a {names} record, got {type_name}")
     return _build(cls, body, known_policies)  # type: ignore[return-value]
 
 
@@ -120,3 +123,18 @@ def _build(cls: type[Record], body: dict[str, Any], known_policies: frozenset[st
                               f"{EXT_NDARRAY}), got {type(body[name]).__name__}", cls.TYPE)
     record = cls(**body)  # validates every field
     return record.check_policies(known_policies) if known_policies is not None else record
+
+
+def trajectories_of(record: Record) -> list[Trajectory]:
+    """The trajectories a record of `trajectories` carries: itself, or a batch's items (for reports
+    and benches: an item that does not decode is left out; streams dead-letters it)."""
+    if isinstance(record, Trajectory):
+        return [record]
+    out: list[Trajectory] = []
+    if isinstance(record, TrajectoryBatch):
+        for item in record.items:
+            try:
+                out.append(decode(item, Trajectory))
+            except RecordError:
+                continue
+    return out

@@ -130,6 +130,29 @@ class Bytes(Kind):
 
 
 @dataclass(frozen=True)
+class BytesList(Kind):
+    """A list of byte strings (encoded records), at most `max_items` of them and `max_bytes` in all."""
+
+    max_items: int = 4096
+    max_bytes: int = MAX_BYTES
+
+    def check(self, field: str, value: Any) -> list[bytes]:
+        if isinstance(value, tuple):
+            value = list(value)
+        if not isinstance(value, list):
+            raise _fail(field, f"expected a list, got {_type_name(value)}")
+        if not value:
+            raise _fail(field, "must not be empty")
+        if len(value) > self.max_items:
+            raise _fail(field, f"more than {self.max_items} items ({len(value)})")
+        item = Bytes(self.max_bytes)
+        out = [item.check(f"{field}[{i}]", v) for i, v in enumerate(value)]
+        if sum(map(len, out)) > self.max_bytes:
+            raise _fail(field, f"larger than {self.max_bytes} bytes in all")
+        return out
+
+
+@dataclass(frozen=True)
 class Array(Kind):
     """A token-level array: one-dimensional, of a fixed dtype, at most MAX_TOKENS long."""
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from astraflow.config import KafkaSettings
 from astraflow.kafka import read_to_end
-from astraflow.records import Sample, Task, TaskStats, Trajectory
+from astraflow.records import Sample, Task, TaskStats, Trajectory, TrajectoryBatch
 from astraflow.topics import TASK_STATS, TASKS, TRAJECTORIES, samples
 
 WAITING = ("at_trainer", "in_streams", "not_rolled_out")
@@ -157,7 +157,8 @@ def build(run_dir: Path, settings: KafkaSettings, policies: list[str], timeout: 
     for _, rec in read_to_end(settings, TASK_STATS, timeout):
         if isinstance(rec, TaskStats):
             stats[rec.task_id] = rec  # compacted by task: the newest counts
-    rolled = {rec.group_id for _, rec in read_to_end(settings, TRAJECTORIES, timeout) if isinstance(rec, Trajectory)}
+    rolled = {rec.group_id for _, rec in read_to_end(settings, TRAJECTORIES, timeout)
+              if isinstance(rec, (Trajectory, TrajectoryBatch))}
     ledgers = {}
     for policy in policies:
         pl = PolicyLedger(policy)

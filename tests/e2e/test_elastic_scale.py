@@ -31,7 +31,7 @@ from astraflow.config import KafkaSettings
 from astraflow.records import Task, Trajectory
 from tests.conftest import REPO
 from tests.e2e.helpers import finish, recipe_copy, run_env, start_run, wait_for
-from tests.workers.kafka_util import read_topic
+from tests.workers.kafka_util import read_topic, read_trajectories
 
 pytestmark = [pytest.mark.e2e, pytest.mark.broker, pytest.mark.slow]
 
@@ -146,7 +146,7 @@ def partition_moves(run_dir: Path) -> tuple[list[float], int]:
 
 
 def trajectories(kafka: KafkaSettings) -> list[Trajectory]:
-    return [t for t in read_topic(kafka, "trajectories") if isinstance(t, Trajectory)]
+    return read_trajectories(kafka)
 
 
 def stop(procs: dict[str, subprocess.Popen[bytes]], names: list[str], run_dir: Path) -> None:

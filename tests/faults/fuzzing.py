@@ -10,7 +10,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from astraflow.config import KafkaSettings, Recipe
-from astraflow.records import SCHEMA_VERSION, Record, RecordError, Sample, Task, Trajectory, decode, encode
+from astraflow.records import (
+    SCHEMA_VERSION,
+    Record,
+    RecordError,
+    Sample,
+    Task,
+    Trajectory,
+    TrajectoryBatch,
+    decode,
+    encode,
+)
 from astraflow.records.fields import MAX_KEY_BYTES, MAX_TEXT_CHARS
 from astraflow.topics import TASKS, TRAJECTORIES, expand, load_spec, samples
 from streams.validate import Validate
@@ -77,9 +87,10 @@ def worker_check(recipe: Recipe) -> Callable[[bytes | None, bytes | None], str |
 
 def streams_validate(value: bytes | None, key: bytes | None) -> str | None:
     """What streams does: its validate stage (the recipe's, with its defaults) on value and key.
-    The fuzzed keys are never a group_id, so it refuses every record, a valid one for its key."""
+    The fuzzed keys are never a group_id, so it refuses every record whole (a batch too), a valid one
+    for its key."""
     try:
-        Validate()(value, key, POLICIES)
+        Validate().split(value, key, POLICIES)
     except RecordError as exc:
         return str(exc)
     return None
@@ -153,7 +164,7 @@ class Fuzzer:
     def wrong_type(self) -> tuple[bytes, str]:
         cls = self.rng.choice([c for c in OTHER_TYPES if c is not self.consumer.record])
         other = encode(valid_record(cls, self.rng))
-        return other, f"expected a {self.consumer.record.TYPE} record, got {cls.TYPE}"
+        return other, f"record, got {cls.TYPE}"
 
     def targeted(self) -> tuple[bytes, str]:
         record = self.base()
@@ -201,8 +212,11 @@ class Fuzzer:
                 return encode(dataclasses.replace(record, env="nosuchenv")), "nosuchenv"
             return encode(dataclasses.replace(record, group_size=4096)), "exceeds worker.max_group_size"
         if isinstance(record, Trajectory):
-            if self.rng.random() < 0.5:
+            draw = self.rng.random()
+            if draw < 0.4:
                 return encode(dataclasses.replace(record, group_id=record.group_id + "x")), "group_id"
+            if draw < 0.7:  # a worker's batch of the group, under another key: refused whole
+                return encode(TrajectoryBatch(group_id=record.group_id, items=[encode(record)])), "TrajectoryBatch.<key>"
             return encode(record), "<key>"
         assert isinstance(record, Sample)
         body = body_of(record)

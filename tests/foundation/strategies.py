@@ -14,7 +14,9 @@ from astraflow.records import (
     Task,
     TaskStats,
     Trajectory,
+    TrajectoryBatch,
     WeightVersion,
+    encode,
 )
 
 names = st.from_regex(r"[A-Za-z][A-Za-z0-9_\-]{0,15}", fullmatch=True)
@@ -122,7 +124,13 @@ def dead_letters(draw: st.DrawFn) -> DeadLetter:
                       time=draw(times))
 
 
+@st.composite
+def trajectory_batches(draw: st.DrawFn) -> TrajectoryBatch:
+    items = draw(st.lists(trajectories().map(encode) | st.binary(min_size=0, max_size=50), min_size=1, max_size=4))
+    return TrajectoryBatch(group_id=draw(ids), items=items)
+
+
 ALL = {
-    "Task": tasks(), "Trajectory": trajectories(), "Sample": samples(), "WeightVersion": weight_versions(),
+    "Task": tasks(), "Trajectory": trajectories(), "TrajectoryBatch": trajectory_batches(), "Sample": samples(), "WeightVersion": weight_versions(),
     "TaskStats": task_stats(), "Metric": metrics(), "DeadLetter": dead_letters(),
 }

@@ -12,7 +12,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from astraflow.records import DeadLetter, Sample, TaskStats, encode
+from astraflow.records import DeadLetter, Sample, TaskStats, TrajectoryBatch, encode
 from streams.advantages import grpo
 from tests.streams.factory import make_traj
 
@@ -153,6 +153,46 @@ def test_worker_end_to_end(streams_harness) -> None:  # type: ignore[no-untyped-
     for policy in POLICIES:
         again = h.records(f"samples.{policy}", settle=2.0)
         assert len(again) == want[policy], f"{policy}: duplicates after re-sending the input"
+
+
+def test_a_workers_batches_are_opened_and_a_bad_trajectory_of_one_is_dead_lettered_alone(
+        streams_harness) -> None:  # type: ignore[no-untyped-def]
+    """Workers send a group's trajectories as one TrajectoryBatch: streams takes each on its own. A
+    bad trajectory goes to deadletter alone (its own bytes, the batch's position, the item named) and
+    its group is emitted without it at the timeout; a batch under another group's key is refused whole."""
+    h = streams_harness(POLICIES, PIPELINE)
+    worker = h.start()
+    whole = [traj("b0", i, SOLVER[0][i], VERIFIER[0][i]) for i in range(4)]
+    holed = [encode(traj("b1", i, SOLVER[1][i], VERIFIER[1][i])) for i in range(4)]
+    base = msgpack.unpackb(holed[2], raw=False)
+    holed[2] = msgpack.packb({**base, "rewards": {"solver": math.nan, "verifier": 0.0}}, use_bin_type=True)
+    stranger = encode(traj("b0", 3, 0.0, 0.0))  # a trajectory of b0 in b2's batch
+    mixed = [encode(traj("b2", i, float(i % 2), 1.0)) for i in range(3)] + [stranger]
+    misfiled = TrajectoryBatch(group_id="b3#0", items=[encode(traj("b3", i, 1.0, 0.0)) for i in range(4)])
+    where = h.send([(b"b0#0", TrajectoryBatch(group_id="b0#0", items=[encode(t) for t in whole])),
+                    (b"b1#0", TrajectoryBatch(group_id="b1#0", items=holed)),
+                    (b"b2#0", TrajectoryBatch(group_id="b2#0", items=mixed)),
+                    (b"b9#0", misfiled)])
+
+    solver = h.records("samples.solver", expect=4 + 3 + 3)  # b0 whole; b1 and b2 short one, at the timeout
+    assert Counter(s.group_id for s in solver) == {"b0#0": 4, "b1#0": 3, "b2#0": 3}
+    adv, _, _ = grpo(np.array(SOLVER[0], float), eps=1e-6)
+    for s in solver:
+        if s.group_id == "b0#0":
+            np.testing.assert_allclose(s.advantages[s.loss_mask.astype(bool)], adv[int(s.traj_id.rsplit("#")[-1])],
+                                       rtol=1e-5, atol=1e-6)
+    dead = [d for d in h.records("deadletter", expect=3) if isinstance(d, DeadLetter)]
+    assert sorted((d.partition, d.offset) for d in dead) == sorted(where[1:])  # each names its batch
+    by_key = {d.key: d for d in dead}
+    assert by_key[b"b1#0"].raw == holed[2] and "TrajectoryBatch.items[2]" in by_key[b"b1#0"].error \
+        and "rewards.solver: must be finite" in by_key[b"b1#0"].error
+    assert by_key[b"b2#0"].raw == stranger and "TrajectoryBatch.items[3]" in by_key[b"b2#0"].error \
+        and "is not the batch's 'b2#0'" in by_key[b"b2#0"].error
+    assert by_key[b"b9#0"].raw == encode(misfiled) and "Kafka key 'b9#0' is not the group_id 'b3#0'" in by_key[b"b9#0"].error
+    values = h.last_metrics("w0", until=lambda v: v.get("records.in") == 4 and v.get("groups.emitted") == 3)
+    assert values["trajectories.in"] == 4 + 4 + 4 + 1  # the refused batch counts as one
+    assert values["trajectories.deadlettered"] == 3 and values["trajectories.out"] == 10
+    assert h.stop(worker) == 0
 
 
 @pytest.mark.broker

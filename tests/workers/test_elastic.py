@@ -22,7 +22,7 @@ from astraflow.records import Trajectory
 
 from ..conftest import subprocess_env
 from .conftest import TINY
-from .kafka_util import committed, end_offsets, read_topic
+from .kafka_util import committed, end_offsets, read_topic, read_trajectories
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -40,7 +40,7 @@ def start_worker(recipe: Path, run_dir: Path, wid: str, log_dir: Path) -> subpro
 def wait_for(kafka: KafkaSettings, cond: Any, timeout: float) -> list[Trajectory]:
     deadline = time.monotonic() + timeout
     while True:
-        trajs = [t for t in read_topic(kafka, "trajectories") if isinstance(t, Trajectory)]
+        trajs = read_trajectories(kafka)
         if cond(trajs) or time.monotonic() > deadline:
             return trajs
         time.sleep(0.5)

@@ -17,7 +17,7 @@ from astraflow.kafka import Publisher
 from astraflow.records import DeadLetter, Metric, Task, Trajectory, WeightVersion
 
 from .conftest import make_recipe
-from .kafka_util import committed, end_offsets, read_topic
+from .kafka_util import committed, end_offsets, read_topic, read_trajectories
 
 pytestmark = pytest.mark.broker
 
@@ -65,7 +65,7 @@ def test_worker_end_to_end(kafka: KafkaSettings, topics: Any, tmp_path: Path) ->
     trajs: list[Any] = []
 
     def watch() -> None:
-        trajs.extend(read_topic(kafka, "trajectories", until=lambda r: len(r) >= 18, timeout=90))
+        trajs.extend(read_trajectories(kafka, until=lambda r: len(r) >= 18, timeout=90))
         # now a corrupted version 2: the worker must refuse it and keep version 1
         bad = store.publish({k: v + 1.0 if v.is_floating_point() else v for k, v in state.items()}, 2, step=2)
         path = Path(bad.snapshot_uri.removeprefix("file://"))
@@ -142,6 +142,6 @@ def test_stop_drains_in_flight_tasks_to_completion(kafka: KafkaSettings, topics:
     assert held and worker.counts["tasks_released"] == 0, worker.counts
     done = worker.counts["tasks_done"]
     assert done >= len(held) and done < 8, worker.counts  # it stopped early, with nothing left half done
-    trajs = read_topic(kafka, "trajectories", until=lambda r: len(r) >= 2 * done, timeout=30)
+    trajs = read_trajectories(kafka, until=lambda r: len(r) >= 2 * done, timeout=30)
     assert len({t.task_id for t in trajs}) == done and len(trajs) == 2 * done
     assert sum(o for o in committed(kafka, "workers", "tasks").values() if o > 0) == done
