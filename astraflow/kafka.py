@@ -313,18 +313,26 @@ class TopicReader:
             return []
         return [m for m in [first, *self.consumer.consume(num, 0)] if self.check(m)]
 
-    def to_end(self, timeout: float = 60.0, poll_s: float = 0.5) -> Iterator[Any]:
-        """The messages up to the `ends` of `assign_from_beginning`; raises if not there in time."""
-        todo = {tp for tp, high in self.ends.items() if high > 0}
+    def to_end(self, timeout: float = 60.0, poll_s: float = 0.5,
+               ends: dict[tuple[str, int], int] | None = None) -> Iterator[Any]:
+        """The messages up to `ends` ((topic, partition) -> end offset; by default those that
+        `assign_from_beginning` found); raises AstraFlowError naming the partitions not read to
+        their end in time. Done is judged by the consumer's position, not by the messages seen:
+        a partition already read to its end, or whose last offsets hold no message (transaction
+        markers, compacted records), yields nothing more, and waiting for a message would time out."""
+        from confluent_kafka import TopicPartition
+
+        todo = {tp: high for tp, high in (self.ends if ends is None else ends).items() if high > 0}
         deadline = time.monotonic() + timeout
-        while todo and time.monotonic() < deadline:
-            for msg in self.poll_batch(poll_s):
-                where = (msg.topic(), msg.partition())
-                if msg.offset() + 1 >= self.ends.get(where, 0):
-                    todo.discard(where)
-                yield msg
-        if todo:
-            raise AstraFlowError(f"could not read {sorted(todo)} to its end within {timeout}s")
+        while todo:
+            for tp in self.consumer.position([TopicPartition(t, p) for t, p in todo]):
+                if tp.offset >= todo[(tp.topic, tp.partition)]:  # -1001: nothing read yet
+                    del todo[(tp.topic, tp.partition)]
+            if not todo:
+                return
+            if time.monotonic() > deadline:
+                raise AstraFlowError(f"could not read {sorted(todo)} to its end within {timeout:.0f}s")
+            yield from self.poll_batch(poll_s)
 
     def close(self) -> None:
         self.consumer.close()

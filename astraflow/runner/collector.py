@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from astraflow.config import KafkaSettings
+from astraflow.errors import AstraFlowError
 from astraflow.kafka import KafkaReadError, TopicReader, make_consumer
 from astraflow.records import Metric, RecordError, WeightVersion, decode
 from astraflow.topics import DEADLETTER, METRICS, TASKS, TRAJECTORIES, WEIGHTS
@@ -124,32 +125,22 @@ class MetricsCollector:
         steps' metrics may still be on their way to this consumer (after a broker died, it takes
         seconds to find a partition's new leader), and one short poll lost them. Each topic on its
         own: one whose ends the cluster cannot give (no leader yet) does not hold up the other."""
-        from confluent_kafka import KafkaException, TopicPartition
+        from confluent_kafka import KafkaException
 
         deadline = time.monotonic() + DRAIN_S
         ends: dict[tuple[str, int], int] = {}
         for topic in reader.topics:
             try:
-                ends.update({(topic, p): high for p, high in  # an empty partition has nothing to wait for
-                             reader.end_offsets(topic, max(1.0, deadline - time.monotonic())).items() if high > 0})
+                ends.update({(topic, p): high for p, high in
+                             reader.end_offsets(topic, max(1.0, deadline - time.monotonic())).items()})
             except (KafkaException, KafkaReadError) as exc:
                 log.warning("metrics collector: no end offsets of %s (%s); the report may miss its last records",
                             topic, exc)
-        behind: list[Any] = []
         try:
-            while ends:
-                done = reader.consumer.position([TopicPartition(t, p) for t, p in ends])
-                behind = [tp for tp in done if tp.offset < ends[(tp.topic, tp.partition)]]  # -1001: none read
-                if not behind or time.monotonic() > deadline:
-                    break
-                for msg in reader.consume(5000, 0.5):
-                    self._ingest(msg.topic(), msg.value(), out)
-        except (KafkaException, KafkaReadError) as exc:
-            log.warning("metrics collector: could not read metrics to their end (%s); the report may miss "
-                        "the last records", exc)
-        if behind:
-            log.warning("metrics collector: could not read %s to its end within %ss; the report misses "
-                        "their last records", sorted(f"{tp.topic}[{tp.partition}]" for tp in behind), DRAIN_S)
+            for msg in reader.to_end(max(0.0, deadline - time.monotonic()), ends=ends):
+                self._ingest(msg.topic(), msg.value(), out)
+        except (KafkaException, AstraFlowError) as exc:  # KafkaReadError is one
+            log.warning("metrics collector: %s; the report may miss the last records", exc)
 
     def _ingest(self, topic: str, value: bytes, out: IO[str] | None) -> None:
         try:

@@ -169,3 +169,24 @@ def test_read_to_end_reads_every_partition_from_the_beginning(kafka: KafkaSettin
     got = read_to_end(kafka, "metrics")
     assert sorted(map(repr, (r for _, r in got))) == sorted(map(repr, records))
     assert all(ts > 0 for ts, _ in got)
+
+
+def test_read_to_end_passes_offsets_that_hold_no_message(kafka: KafkaSettings, topics) -> None:  # type: ignore[no-untyped-def]
+    """A partition whose last offset is a transaction's commit marker (no message shows it) is read
+    to its end by the consumer's position: waiting for a message at offset end-1 timed out."""
+    from confluent_kafka import Producer
+
+    from astraflow.kafka import producer_config
+
+    topics(["solver"])
+    producer = Producer({**producer_config(kafka), "transactional.id": f"t-{kafka.namespace}", "transaction.timeout.ms": 300_000})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    record = seed_records()[0]
+    producer.produce(kafka.topic("metrics"), encode(record), key=b"k", partition=0)
+    producer.commit_transaction(30)
+    with TopicReader(kafka, ["metrics"], from_beginning=True) as reader:
+        assert reader.ends[(kafka.topic("metrics"), 0)] == 2  # the record and the marker
+        started = time.monotonic()
+        got = [decode(m.value()) for m in reader.to_end(timeout=20)]
+    assert got == [record] and time.monotonic() - started < 15
