@@ -9,6 +9,7 @@ Each fires once per run directory (a marker file is written first): the restarte
 resumes from an earlier checkpoint, trains the same step again and must then go past it.
 (The feeder's and streams' older failpoints, ASTRAFLOW_FEEDER_FAILPOINT and
 ASTRAFLOW_STREAMS_FAILPOINT, fire in every process instead; see their docstrings.)
+`ASTRAFLOW_WORKER_FAILPOINT=episode_delay_ms:N` slows every episode of a worker (`episode_delay_s`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import logging
 import os
 import signal
 from pathlib import Path
+
+from astraflow.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -48,3 +51,15 @@ def hit(env: str, where: str, n: int, marker_dir: Path) -> None:
     log.warning("failpoint %s:%d: SIGKILL", where, n)
     logging.shutdown()
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def episode_delay_s() -> float:
+    """Fault injection for the elasticity tests (ASTRAFLOW_WORKER_FAILPOINT=episode_delay_ms:N): every
+    episode holds its slot N ms longer, as on a slower machine; the sleep costs no CPU, so several
+    slowed workers fit on two cores. Test-only: unset, there is no delay."""
+    where, _, n = os.environ.get("ASTRAFLOW_WORKER_FAILPOINT", "").partition(":")
+    if not where:
+        return 0.0
+    if where != "episode_delay_ms" or not n.isdigit():
+        raise ConfigError(f"ASTRAFLOW_WORKER_FAILPOINT={where}:{n}: the one failpoint is episode_delay_ms:<int>")
+    return int(n) / 1000.0

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from astraflow.config.kafka import KafkaSettings
+from astraflow.deadletters import DeadLetters
 from astraflow.errors import RecordError
-from astraflow.kafka import DeadLetters, Publisher
+from astraflow.kafka import Publisher
 from astraflow.metrics import MetricsReporter
 from astraflow.records import Trajectory, encode
 from streams.bounded import LRU

@@ -14,7 +14,8 @@ import time
 from typing import Any
 
 from astraflow.config.kafka import KafkaSettings
-from astraflow.kafka import DeadLetters, TopicReader, decode_or_deadletter, partitions_of
+from astraflow.deadletters import DeadLetters, decode_or_deadletter
+from astraflow.kafka import TopicReader, partitions_of
 from astraflow.records import Sample
 from trainer import retention
 from trainer.batching import BadSample, GroupBuffer

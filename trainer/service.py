@@ -51,8 +51,9 @@ import torch
 from astraflow import failpoints
 from astraflow.config import Recipe
 from astraflow.config.kafka import KafkaSettings
+from astraflow.deadletters import DeadLetters
 from astraflow.errors import AstraFlowError
-from astraflow.kafka import DeadLetters, Publisher
+from astraflow.kafka import Publisher
 from astraflow.metrics import MetricsReporter
 from astraflow.models import init_checkpoint, load_model, load_tokenizer
 from astraflow.records import WeightVersion

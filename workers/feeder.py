@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.config import KafkaSettings, Recipe
+from astraflow.deadletters import DeadLetters
 from astraflow.errors import ConfigError
-from astraflow.kafka import DeadLetters, Publisher, TopicReader
+from astraflow.kafka import Publisher, TopicReader
 from astraflow.metrics import MetricsReporter
 from astraflow.records import RecordError, Task, TaskStats, WeightVersion, decode
 from astraflow.weights.auth import verify

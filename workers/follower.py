@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.config import KafkaSettings
+from astraflow.deadletters import DeadLetters
 from astraflow.errors import AstraFlowError
-from astraflow.kafka import DeadLetters, TopicReader
+from astraflow.kafka import TopicReader
 from astraflow.records import RecordError, WeightVersion, decode
 from astraflow.topics import WEIGHTS
 from astraflow.weights.auth import verify

@@ -31,10 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.config import KafkaSettings, Recipe
+from astraflow.deadletters import DeadLetters, decode_or_deadletter
 from astraflow.errors import AstraFlowError, ConfigError
-from astraflow.kafka import DeadLetters, Publisher, TopicReader, consumer_config, decode_or_deadletter
+from astraflow.failpoints import episode_delay_s
+from astraflow.kafka import Publisher, TopicReader, consumer_config
 from astraflow.metrics import MetricsReporter
-from astraflow.records import Task, Trajectory, TrajectoryBatch, encode
+from astraflow.records import Task, Trajectory, batches
 from workers.engines import build_engine
 from workers.engines.base import Engine
 from workers.envs.base import Codec
@@ -51,40 +53,8 @@ POLL_TICK_S = 0.005
 BATCH_BYTES = 1 << 20
 
 
-def batches(trajs: list[Trajectory], max_bytes: int) -> list[TrajectoryBatch]:
-    """The records a task's trajectories travel in: one TrajectoryBatch per group, split where the
-    encoded trajectories would pass `max_bytes` (a trajectory larger than that travels alone)."""
-    out: list[TrajectoryBatch] = []
-    by_group: dict[str, list[bytes]] = {}
-    for traj in trajs:
-        by_group.setdefault(traj.group_id, []).append(encode(traj))
-    for gid, items in by_group.items():
-        chunk: list[bytes] = []
-        size = 0
-        for item in items:
-            if chunk and size + len(item) > max_bytes:
-                out.append(TrajectoryBatch(group_id=gid, items=chunk))
-                chunk, size = [], 0
-            chunk.append(item)
-            size += len(item)
-        out.append(TrajectoryBatch(group_id=gid, items=chunk))
-    return out
-
-
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
-
-
-def episode_delay_s() -> float:
-    """Fault injection for the elasticity tests (ASTRAFLOW_WORKER_FAILPOINT=episode_delay_ms:N): every
-    episode holds its slot N ms longer, as on a slower machine; the sleep costs no CPU, so several
-    slowed workers fit on two cores. Test-only: unset, there is no delay."""
-    where, _, n = os.environ.get("ASTRAFLOW_WORKER_FAILPOINT", "").partition(":")
-    if not where:
-        return 0.0
-    if where != "episode_delay_ms" or not n.isdigit():
-        raise ConfigError(f"ASTRAFLOW_WORKER_FAILPOINT={where}:{n}: the one failpoint is episode_delay_ms:<int>")
-    return int(n) / 1000.0
 
 
 def task_consumer_config(settings: KafkaSettings, group: str, worker_id: str) -> dict[str, Any]:

@@ -6,7 +6,7 @@
 """
 
 from astraflow.errors import RecordError
-from astraflow.records.codec import SCHEMA_VERSION, decode, encode, trajectories_of
+from astraflow.records.codec import SCHEMA_VERSION, batches, decode, encode, trajectories_of
 from astraflow.records.types import (
     DTYPES,
     FINISH_REASONS,
@@ -26,6 +26,6 @@ from astraflow.records.types import (
 
 __all__ = [
     "DTYPES", "FINISH_REASONS", "RECORD_TYPES", "SCHEMA_VERSION", "DeadLetter", "Metric", "Record",
-    "RecordError", "Sample", "Task", "TaskStats", "Trajectory", "TrajectoryBatch", "WeightVersion", "decode", "encode",
+    "RecordError", "Sample", "Task", "TaskStats", "Trajectory", "TrajectoryBatch", "WeightVersion", "batches", "decode", "encode",
     "group_id", "traj_id", "trajectories_of",
 ]

@@ -138,3 +138,23 @@ def trajectories_of(record: Record) -> list[Trajectory]:
             except RecordError:
                 continue
     return out
+
+
+def batches(trajs: list[Trajectory], max_bytes: int) -> list[TrajectoryBatch]:
+    """The records a task's trajectories travel in: one TrajectoryBatch per group, split where the
+    encoded trajectories would pass `max_bytes` (a trajectory larger than that travels alone)."""
+    out: list[TrajectoryBatch] = []
+    by_group: dict[str, list[bytes]] = {}
+    for traj in trajs:
+        by_group.setdefault(traj.group_id, []).append(encode(traj))
+    for gid, items in by_group.items():
+        chunk: list[bytes] = []
+        size = 0
+        for item in items:
+            if chunk and size + len(item) > max_bytes:
+                out.append(TrajectoryBatch(group_id=gid, items=chunk))
+                chunk, size = [], 0
+            chunk.append(item)
+            size += len(item)
+        out.append(TrajectoryBatch(group_id=gid, items=chunk))
+    return out

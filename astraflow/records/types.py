@@ -224,7 +224,7 @@ class TrajectoryBatch(Record):
     episodes have ended (one record per group instead of one per episode: the streams worker's cost
     is per record, ~2 ms each, in Faust's event path). `items` are encoded Trajectory records, each
     checked on its own by the consumer, so one bad trajectory is dead-lettered alone. A group too big
-    for one record is split into several (`workers.worker.batches`)."""
+    for one record is split into several (`astraflow.records.batches`)."""
 
     TYPE: ClassVar[str] = "TrajectoryBatch"
 
@@ -355,7 +355,7 @@ class DeadLetter(Record):
     raw: bytes = wire(Bytes(), default=b"")
     key: bytes | None = wire(Optional(Bytes(max_bytes=MAX_KEY_BYTES)), default=None)
     truncated: bool = wire(Bool(), default=False)
-    """`raw` or `key` holds only the first bytes of the record's (astraflow.kafka.DeadLetters)."""
+    """`raw` or `key` holds only the first bytes of the record's (astraflow.deadletters.DeadLetters)."""
     time: float = wire(Float(min=0), default_factory=_now)
 
 

@@ -58,9 +58,16 @@ def test_a_3_node_cluster_loses_a_broker_mid_run_and_loses_nothing(tmp_path: Pat
         admin = make_admin(settings)
         topics.apply(admin, topics.expand(topics.load_spec(), ["solver"], settings, profile="replicated"))
         samples = settings.topic("samples.solver")
-        md = admin.list_topics(timeout=30)
-        for name in (samples, settings.topic("trajectories"), settings.topic("weights")):
-            assert all(len(p.replicas) == 3 and len(p.isrs) == 3 for p in md.topics[name].partitions.values()), name
+        names = (samples, settings.topic("trajectories"), settings.topic("weights"))
+
+        def replicated() -> bool:  # a broker's metadata shows new partitions a moment after creation
+            md = admin.list_topics(timeout=30)
+            return all(name in md.topics and md.topics[name].partitions and all(
+                len(p.replicas) == 3 and len(p.isrs) == 3 for p in md.topics[name].partitions.values())
+                for name in names)
+
+        wait_for(replicated, 60, "every partition with 3 replicas, all in sync")
+        for name in names:
             described = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, name)])
             configs = next(iter(described.values())).result()
             assert configs["min.insync.replicas"].value == "2", name

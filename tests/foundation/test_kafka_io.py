@@ -10,15 +10,8 @@ import msgpack
 import pytest
 
 from astraflow.config import KafkaSettings
-from astraflow.kafka import (
-    DeadLetters,
-    DeliveryError,
-    KafkaReadError,
-    Publisher,
-    TopicReader,
-    decode_or_deadletter,
-    read_to_end,
-)
+from astraflow.deadletters import DeadLetters, decode_or_deadletter
+from astraflow.kafka import DeliveryError, KafkaReadError, Publisher, TopicReader, read_to_end
 from astraflow.records import DeadLetter, Trajectory, decode, encode
 from astraflow.records.fields import MAX_KEY_BYTES
 from tests.foundation.test_records import make_traj, seed_records

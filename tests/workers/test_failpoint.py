@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from astraflow.errors import ConfigError
-from workers.worker import episode_delay_s
+from astraflow.failpoints import episode_delay_s
 
 
 def test_episode_delay_is_off_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -228,13 +228,14 @@ def test_a_task_revoked_by_the_poll_that_fetched_it_gives_back_its_episodes(
 
 
 def test_a_tasks_trajectories_travel_as_one_record_per_group_split_at_the_byte_budget() -> None:
+    from astraflow.records import batches
     from tests.streams.factory import make_traj
 
     trajs = [make_traj("t0", i, group_size=5) for i in range(5)] + [make_traj("t1", 0, group_size=1)]
     size = len(encode(trajs[0]))
-    [whole, other] = worker_mod.batches(trajs, max_bytes=1 << 20)
+    [whole, other] = batches(trajs, max_bytes=1 << 20)
     assert (whole.group_id, len(whole.items), other.group_id, len(other.items)) == ("t0#0", 5, "t1#0", 1)
     assert whole.items == [encode(t) for t in trajs[:5]]
-    split = worker_mod.batches(trajs[:5], max_bytes=2 * size)  # two fit in a record
+    split = batches(trajs[:5], max_bytes=2 * size)  # two fit in a record
     assert [len(b.items) for b in split] == [2, 2, 1] and {b.group_id for b in split} == {"t0#0"}
-    assert [len(b.items) for b in worker_mod.batches(trajs[:2], max_bytes=size // 2)] == [1, 1]  # too big: alone
+    assert [len(b.items) for b in batches(trajs[:2], max_bytes=size // 2)] == [1, 1]  # too big: alone
