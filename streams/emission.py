@@ -75,7 +75,10 @@ class Emitter:
         raise NotImplementedError
 
     async def deadletter(self, topic: str, partition: int, offset: int, key: bytes | None, raw: bytes,
-                         error: str) -> None:
+                         error: str, wait: bool = True) -> None:
+        raise NotImplementedError
+
+    async def flush_dead(self) -> None:
         raise NotImplementedError
 
     def _group(self, gid: str, meta: OpenGroup, complete: bool) -> Group | None:
@@ -184,7 +187,8 @@ class Emitter:
             offsets = self.collector.offsets(meta)
             for (tid, raw), offset in zip(self.collector.bodies_of(gid), offsets, strict=True):
                 await self.deadletter(self.topics.trajectories, meta["p"], offset, gid.encode(), raw,
-                                      f"Trajectory {tid}: {exc}")
+                                      f"Trajectory {tid}: {exc}", wait=False)
+            await self.flush_dead()  # one wait for the group's dead letters
             # the group reaches no trainer: its task statistics say so (the feeder counts it consumed)
             await self._send_summaries([s | {"dropped": True} for stage in self.pipeline.task_stats
                                         for s in stage.take()])

@@ -107,8 +107,11 @@ class StreamsRuntime(Emitter):
             return
         finally:
             c.observe("stage.validate.latency_ms", (time.perf_counter() - t0) * 1000.0)
+        sent = self.dead.count
         for raw, traj in items:
             await self.on_trajectory(msg, raw, traj)
+        if self.dead.count != sent:  # a batch's bad trajectories: one wait for all their dead letters
+            await self.flush_dead()
 
     async def on_trajectory(self, msg: Any, raw: bytes, traj: Trajectory | RecordError) -> None:
         """One trajectory of the record `msg` (its bytes `raw`), checked, or why it was refused."""
@@ -117,7 +120,7 @@ class StreamsRuntime(Emitter):
         c.inc("stage.validate.in")
         if isinstance(traj, RecordError):  # one bad trajectory of a batch: dead-lettered alone
             c.inc("stage.validate.deadlettered")
-            await self.deadletter(msg.topic, msg.partition, msg.offset, msg.key, raw, str(traj))
+            await self.deadletter(msg.topic, msg.partition, msg.offset, msg.key, raw, str(traj), wait=False)
             return
         c.inc("stage.validate.out")
         self.pipeline.ctx.versions.observe(traj)
@@ -134,7 +137,7 @@ class StreamsRuntime(Emitter):
         if added.outcome == "inconsistent":
             c.inc("stage.group.deadlettered")
             await self.deadletter(msg.topic, msg.partition, msg.offset, msg.key, raw,
-                                  f"Trajectory {traj.traj_id}: {added.reason}")
+                                  f"Trajectory {traj.traj_id}: {added.reason}", wait=False)
         elif added.outcome in ("duplicate", "late"):
             c.inc(f"stage.group.dropped.{added.outcome}")
             c.inc(f"trajectories.dropped.{added.outcome}")
@@ -145,11 +148,16 @@ class StreamsRuntime(Emitter):
             self.enqueue(traj.group_id, "complete")
 
     async def deadletter(self, topic: str, partition: int, offset: int, key: bytes | None, raw: bytes,
-                         error: str) -> None:
-        """Dead-letter one record and wait for the broker's ack: its offset may be committed next."""
+                         error: str, wait: bool = True) -> None:
+        """Dead-letter one record and wait for the broker's ack: its offset may be committed next.
+        `wait=False`: the caller waits once (`flush_dead`) for several, before its offset is done."""
         self.dead.publish(topic, partition, offset, key, raw, error)
         self.counters.inc("trajectories.deadlettered")
         self.counters.inc("deadletter.count")
+        if wait:
+            await self.flush_dead()
+
+    async def flush_dead(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.publisher.flush, 60.0)
 
     # ---------------------------------------------------------------- sweep
