@@ -3,7 +3,9 @@
 Counters are cumulative since the worker started; latencies are percentiles over the interval
 since the previous report. Units: trajectories unless the name says otherwise.
 
-    trajectories.in                   consumed from `trajectories`
+    records.in                        records consumed from `trajectories` (a worker's TrajectoryBatch
+                                      holds a group's trajectories; a Trajectory record, one)
+    trajectories.in                   trajectories in them (a batch refused whole counts as one)
     trajectories.deadlettered         invalid, sent to `deadletter` (validate, or inconsistent with
                                       their group)
     trajectories.dropped.<reason>     duplicate, late (group already emitted), timeout,
