@@ -1,26 +1,26 @@
 """`astraflow worker`: a member of the consumer group on `tasks` that turns tasks into trajectories.
 
 Dataflow: tasks (consumer group, elastic) -> episodes (many at once, one engine per policy, the torch
-engine batching across them) -> trajectories (idempotent producer, key group_id; a task's
-trajectories go as one TrajectoryBatch record when its last episode has ended). A task's offset is
-stored only when all its trajectories are acknowledged by the broker and every earlier task of its
-partition is done too (`OffsetTracker`), so a worker killed at any moment loses nothing: its tasks
-are re-run by whoever gets the partition, and the deterministic traj_ids let streams drop duplicates.
-Partitions move with cooperative-sticky rebalancing; tasks of a revoked partition are cancelled
-(released) rather than finished twice. SIGTERM/SIGINT: stop taking tasks, let in-flight episodes
-finish for `worker.drain_timeout_s`, release the rest, flush, commit, close.
+engine batching across them) -> trajectories (idempotent producer, key group_id; a task's trajectories
+go together, as one TrajectoryBatch record). A task's offset is stored only when all its trajectories
+are acknowledged by the broker and every earlier task of its partition is done too (`OffsetTracker`),
+so a worker killed at any moment loses nothing: its tasks are re-run by whoever gets the partition,
+and the deterministic traj_ids let streams drop duplicates. Partitions move with cooperative-sticky
+rebalancing; tasks of a revoked partition are cancelled (released) rather than finished twice.
+SIGTERM/SIGINT: stop taking tasks, let in-flight episodes finish for `worker.drain_timeout_s`, release
+the rest, flush, commit, close.
 
-Metrics (component `worker`): worker.tokens_per_s, worker.tokens, worker.episodes, worker.trajectories,
-worker.tasks_done, worker.tasks_released, worker.deadletters, worker.episode_errors, worker.in_flight
-(episodes of tasks taken, running or queued), worker.episodes_running (at most max_episodes),
-worker.max_episodes (its limit), worker.episode_s (episodes x seconds in flight), worker.tasks_in_flight, worker.weights_applied, worker.weights_refused,
-worker.weight_version.<policy>.
+Metrics (component `worker`): worker.tokens_per_s, .tokens, .episodes, .trajectories, .tasks_done,
+.tasks_released, .deadletters, .episode_errors, .in_flight (episodes of tasks taken, running or queued),
+.episodes_running (at most max_episodes), .max_episodes, .episode_s (episodes x seconds in flight),
+.tasks_in_flight, .weights_applied, .weights_refused, .weight_version.<policy>.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -34,13 +34,13 @@ from astraflow.config import KafkaSettings, Recipe
 from astraflow.deadletters import DeadLetters, decode_or_deadletter
 from astraflow.errors import AstraFlowError, ConfigError
 from astraflow.failpoints import episode_delay_s
-from astraflow.kafka import Publisher, TopicReader, consumer_config
+from astraflow.kafka import Publisher, TopicReader
 from astraflow.metrics import MetricsReporter
 from astraflow.records import Task, Trajectory, batches
 from workers.engines import build_engine
 from workers.engines.base import Engine
 from workers.envs.base import Codec
-from workers.episodes import Runtime, run_episode
+from workers.episodes import Runtime, refusal, run_episode
 from workers.follower import WeightFollower
 from workers.offsets import OffsetTracker
 
@@ -51,35 +51,21 @@ POLL_TICK_S = 0.005
 #: The most encoded trajectories one record of `trajectories` carries (the topic takes 16 MiB): a
 #: group's trajectories travel together, since the streams worker's cost is per record.
 BATCH_BYTES = 1 << 20
+#: ... and wait at most this long for the rest of their group (see Worker._roll_out)
+BATCH_WAIT_S = 2.0
 
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-def task_consumer_config(settings: KafkaSettings, group: str, worker_id: str) -> dict[str, Any]:
+def task_consumer_overrides(worker_id: str) -> dict[str, Any]:
     """The consumer of `tasks`: cooperative-sticky, so a worker that joins or leaves moves only the
     partitions that change hands (an eager protocol would revoke every partition of every worker and
     cancel their tasks); no static membership (`group.instance.id`), whose members leave without
     telling the group, which stalls their partitions for a session timeout on every scale-down.
     bench/workers_elastic.py measures the pauses of these choices side by side."""
-    return consumer_config(settings, group, **task_consumer_overrides(worker_id))
-
-
-def task_consumer_overrides(worker_id: str) -> dict[str, Any]:
     return {"partition.assignment.strategy": "cooperative-sticky", "client.id": worker_id}
-
-
-def refusal(task: Task, runtime: Runtime, max_group_size: int) -> str | None:
-    """Why a task that decoded cannot run on this worker (its dead letter's reason), or None: a
-    group larger than `worker.max_group_size`, or an environment, workflow or roles it cannot resolve."""
-    if task.group_size > max_group_size:
-        return f"task {task.task_id}: group_size {task.group_size} exceeds worker.max_group_size {max_group_size}"
-    try:
-        runtime.resolve(task)
-    except (ConfigError, ValueError) as exc:
-        return f"task {task.task_id}: {exc}"
-    return None
 
 
 class Worker:
@@ -200,12 +186,10 @@ class Worker:
         self._start(task, p, off)
 
     def _start(self, task: Task, partition: int, offset: int) -> asyncio.Task[None]:
-        """Run a task: its episodes count as pending until each has ended, and whatever the task still
-        holds is given back when it is done, however it ends. That is a done callback, not a `finally`
-        in the coroutine: a task cancelled before it first ran (its partition revoked by the same poll
-        that fetched it, as when a second worker joins) never enters its coroutine, and a `finally`
-        there left its group_size counted forever; with max_episodes of such leaks the worker paused
-        its partitions for good (CI: guess_number hung at step 4 with 4 revoked tasks, 32 episodes)."""
+        """Run a task; what it still holds is given back when it is done, however it ends: by a done
+        callback, since a task cancelled before it first ran (its partition revoked by the poll that
+        fetched it) never enters its coroutine; a `finally` there left its episodes counted for good,
+        and the worker paused its partitions for good (CI: guess_number hung at step 4)."""
         held = [task.group_size]  # episode slots this task still holds; each episode frees its own
         self.pending_episodes += task.group_size
         key = (partition, offset)
@@ -269,8 +253,7 @@ class Worker:
     async def _run_task(self, task: Task, partition: int, offset: int, held: list[int]) -> None:
         try:
             await self._wait_for_weights(task)
-            ended = await asyncio.gather(*(self._episode(task, k, held) for k in range(task.group_size)))
-            await asyncio.gather(*self._publish([t for trajs in ended for t in trajs]))
+            await asyncio.gather(*await self._roll_out(task, held))
         except asyncio.CancelledError:
             return
         except AstraFlowError as exc:  # a trajectory the broker did not take: leave the task uncommitted
@@ -279,6 +262,31 @@ class Worker:
             return
         self.counts["tasks_done"] += 1
         self._finished(partition, offset)
+
+    async def _roll_out(self, task: Task, held: list[int]) -> list[asyncio.Future[None]]:
+        """Run the task's episodes and send their trajectories; the broker's acknowledgements.
+        Trajectories go together (one record per group, the streams worker's cost being per record),
+        except that none waits more than BATCH_WAIT_S for the rest: a straggler, or a hung tool call,
+        must not hold back its group's other members (streams emits a group that misses some at its
+        timeout)."""
+        running = {asyncio.ensure_future(self._episode(task, k, held)) for k in range(task.group_size)}
+        acks: list[asyncio.Future[None]] = []
+        ended: list[Trajectory] = []
+        since = 0.0
+        try:
+            while running:
+                wait = max(0.0, since + BATCH_WAIT_S - time.monotonic()) if ended else None
+                done, running = await asyncio.wait(running, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                for episode in done:
+                    since = since if ended else time.monotonic()
+                    ended += episode.result()
+                if ended and (not running or time.monotonic() - since >= BATCH_WAIT_S):
+                    acks += self._publish(ended)
+                    ended = []
+        finally:
+            for episode in running:
+                episode.cancel()
+        return acks
 
     async def _wait_for_weights(self, task: Task) -> None:
         """Hold a task until this worker's engines have the weights it was admitted with: the feeder
@@ -319,21 +327,17 @@ class Worker:
         return trajs
 
     def _publish(self, trajs: list[Trajectory]) -> list[asyncio.Future[None]]:
-        """Send a task's trajectories as few records as fit (`batches`); a future per record."""
-        futures = []
+        """Send trajectories in as few records as fit (`batches`); a future per record, settled by
+        the broker's acknowledgement (or its refusal)."""
+        def settle(fut: asyncio.Future[None], exc: Exception | None) -> None:
+            if not fut.done():
+                fut.set_result(None) if exc is None else fut.set_exception(exc)
+
+        futures: list[asyncio.Future[None]] = []
         for batch in batches(trajs, BATCH_BYTES):
-            fut: asyncio.Future[None] = self.loop.create_future()
-
-            def settle(exc: Exception | None, fut: asyncio.Future[None] = fut) -> None:
-                if fut.done():
-                    return
-                if exc is None:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(exc)
-
-            self.publisher.send("trajectories", batch, key=batch.group_id, on_delivery=self._on_loop(settle))
-            futures.append(fut)
+            futures.append(self.loop.create_future())
+            self.publisher.send("trajectories", batch, key=batch.group_id,
+                                on_delivery=self._on_loop(functools.partial(settle, futures[-1])))
         self.counts["episode_errors"] += sum(t.finish_reason == "error" for t in trajs)
         self.counts["trajectories"] += len(trajs)
         return futures
@@ -369,10 +373,8 @@ class Worker:
         while late and time.monotonic() < deadline:
             _, late = await asyncio.wait(late, timeout=0.05)
             self.publisher.poll(0)  # the delivery callbacks the tasks wait for are served here
-            # A member that stops polling holds up every other member's rebalance until it leaves:
-            # with four workers stopped at once, the two that stayed got the partitions of the
-            # first to leave only when the last had drained (13 s in tests/e2e/test_elastic_scale.py).
-            # The partitions are paused; a message that still comes is left for its next owner.
+            # A member that stops polling holds up every other member's rebalance until it leaves (13 s
+            # in tests/e2e/test_elastic_scale.py); the partitions are paused: nothing more is taken.
             self.consumer.poll(0)
         if late:
             for t in late:
@@ -389,9 +391,7 @@ class Worker:
             # Leave the group first: this worker's partitions stay paused, taken by no one, until
             # close(); stopping the weight follower (a fetch in progress) took seconds before it.
             self.consumer.close()
-            # in a thread: a version being applied needs this loop to finish (joining on the loop
-            # itself waited out the join's timeout, then cancelled the update under the follower)
-            await asyncio.to_thread(self.follower.close)
+            await asyncio.to_thread(self.follower.close)  # a version being applied needs this loop to finish
             side.flush(10)
             for engine in self.engines.values():
                 await engine.close()

@@ -38,8 +38,7 @@ from tests.faults.mutations import (
     packed,
     valid_record,
 )
-from workers.episodes import Runtime
-from workers.worker import refusal
+from workers.episodes import Runtime, refusal
 
 TOTAL = 10_000
 
@@ -73,7 +72,7 @@ def decoder(cls: type[Record]) -> Callable[[bytes | None, bytes | None], str | N
 
 def worker_check(recipe: Recipe) -> Callable[[bytes | None, bytes | None], str | None]:
     """What the worker does: decode, then its own checks of a task that decoded
-    (workers.worker.refusal: the group size, the environment and its workflow)."""
+    (workers.episodes.refusal: the group size, the environment and its workflow)."""
     runtime = Runtime(recipe, codec=None)  # type: ignore[arg-type]  # resolving a task needs no tokenizer
 
     def refuse(value: bytes | None, key: bytes | None) -> str | None:

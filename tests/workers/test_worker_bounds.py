@@ -239,3 +239,41 @@ def test_a_tasks_trajectories_travel_as_one_record_per_group_split_at_the_byte_b
     split = batches(trajs[:5], max_bytes=2 * size)  # two fit in a record
     assert [len(b.items) for b in split] == [2, 2, 1] and {b.group_id for b in split} == {"t0#0"}
     assert [len(b.items) for b in batches(trajs[:2], max_bytes=size // 2)] == [1, 1]  # too big: alone
+
+
+def test_a_groups_trajectories_go_together_but_never_wait_long_for_a_straggler(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Episodes that end together go as one record; one that hangs (a tool call that never answers)
+    holds the others back at most BATCH_WAIT_S, so streams can still emit the group at its timeout."""
+    from tests.streams.factory import make_traj
+
+    async def episode(runtime: Any, task: Task, k: int, *rest: Any) -> tuple[list[Any], int]:
+        if k == 3:
+            await asyncio.Event().wait()  # never ends
+        await asyncio.sleep(0.01 * k)
+        return [make_traj("t0", k, group_size=4)], 5
+
+    monkeypatch.setattr(worker_mod, "run_episode", episode)
+    monkeypatch.setattr(worker_mod, "BATCH_WAIT_S", 0.2)
+    w = _worker(tmp_path)
+    sent: list[list[str]] = []
+
+    def publish(trajs: list[Any]) -> list[asyncio.Future[None]]:
+        sent.append([t.traj_id for t in trajs])
+        return [_acked(w.loop)]
+
+    async def main() -> None:
+        w.loop = asyncio.get_running_loop()
+        w._publish = publish  # type: ignore[method-assign]
+        w.tracker.start(0, 0)
+        task = w._start(Task(task_id="t0", env="arithmetic", roles={"solver": "policy"}, group_size=4), 0, 0)
+        await asyncio.sleep(0.1)
+        assert sent == []  # the first three ended; they wait a little for the fourth
+        await asyncio.sleep(0.3)
+        assert sent == [["t0#0#0", "t0#0#1", "t0#0#2"]]  # together, without the straggler
+        assert w.pending_episodes == 1 and w.running_episodes == 1
+        task.cancel()  # its partition revoked: the straggler is cancelled, its slot given back
+        await asyncio.sleep(0.05)
+
+    asyncio.run(main())
+    assert w.pending_episodes == 0 and w.running_episodes == 0 and w.tasks == {}
