@@ -188,7 +188,7 @@ class Worker:
     def _start(self, task: Task, partition: int, offset: int) -> asyncio.Task[None]:
         """Run a task; what it still holds is given back when it is done, however it ends: by a done
         callback, since a task cancelled before it first ran (its partition revoked by the poll that
-        fetched it) never enters its coroutine; a `finally` there left its episodes counted for good,
+        fetched it) never enters its coroutine; a `finally` there left its episodes counted forever,
         and the worker paused its partitions for good (CI: guess_number hung at step 4)."""
         held = [task.group_size]  # episode slots this task still holds; each episode frees its own
         self.pending_episodes += task.group_size
