@@ -349,8 +349,9 @@ def main() -> None:
     faulthandler.enable()
     logging.basicConfig(level=os.environ.get("ASTRAFLOW_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from astraflow.runner.supervisor import exit_when_orphaned
+    from astraflow.runner.supervisor import dump_stacks_on_signal, exit_when_orphaned
 
+    dump_stacks_on_signal()
     exit_when_orphaned()
     try:
         app()

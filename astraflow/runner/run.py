@@ -275,6 +275,8 @@ class Run:
                 done = frozenset(c.name.removeprefix("trainer-") for c in trainers if c.exit_code == 0)
                 for line in stalls.update(steps, time.time(), flow, done):
                     self.event(line)  # also in events.log: a hang is never silent
+                    asked = sup.dump_stacks()
+                    self.event(f"stall: the thread stacks of {', '.join(asked)} are in their logs ({self.run_dir}/logs)")
                 if time.time() - last_advice > ADVICE_EVERY_S:
                     last_advice = time.time()
                     advice = advise(measure(rows_from_history(collector.history()), window_s=ADVICE_WINDOW_S,

@@ -52,6 +52,20 @@ def exit_when_orphaned(grace_s: float = ORPHAN_GRACE_S, interval_s: float = 0.5)
     return thread
 
 
+#: A supervised component prints every thread's Python stack to its log on this signal; the stall
+#: detector sends it, so a hang says where each process waits (the trainer of a CI fault run stalled
+#: with complete groups queued, and nothing told which call it was in).
+STACKS_SIGNAL = signal.SIGUSR1
+
+
+def dump_stacks_on_signal() -> None:
+    """In a component: print every thread's stack to stderr (its log) on STACKS_SIGNAL. Faust's
+    worker replaces the handler with its own, which logs its asyncio tasks' stacks instead."""
+    import faulthandler
+
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
+
+
 @dataclass
 class Component:
     """One supervised child: `astraflow <args>`."""
@@ -90,6 +104,16 @@ class Supervisor:
         self.components: list[Component] = []
         self.on_event = on_event
         self.stopping = False
+
+    def dump_stacks(self) -> list[str]:
+        """Ask every running component to print its threads' stacks to its log; their names."""
+        asked = []
+        for c in self.components:
+            if c.proc is not None and c.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(c.proc.pid, STACKS_SIGNAL)
+                    asked.append(c.name)
+        return asked
 
     def add(self, component: Component) -> None:
         self.components.append(component)

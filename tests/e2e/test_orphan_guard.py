@@ -67,3 +67,36 @@ def test_the_guard_ignores_processes_the_supervisor_did_not_start(monkeypatch) -
     assert exit_when_orphaned() is None
     monkeypatch.delenv(SUPERVISOR_ENV)
     assert exit_when_orphaned() is None
+
+
+def test_a_stall_asks_each_running_component_for_its_thread_stacks(tmp_path: Path) -> None:
+    """The stall detector's `Supervisor.dump_stacks`: every running component prints all its
+    threads' stacks to its log (stderr), and says where it waits; one already gone is skipped."""
+    from astraflow.runner.supervisor import Component, Supervisor
+
+    child = textwrap.dedent("""
+        import sys, threading, time
+        from astraflow.runner.supervisor import dump_stacks_on_signal
+        dump_stacks_on_signal()
+        def wait_for_samples():
+            time.sleep(600)
+        threading.Thread(target=wait_for_samples, daemon=True).start()
+        print("ready", flush=True)
+        time.sleep(600)
+    """)
+    sup = Supervisor(tmp_path, env=subprocess_env())
+    live = Component("trainer-solver", [], stage=0)
+    live.proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 env=subprocess_env())
+    gone = Component("feeder", [], stage=0)
+    gone.proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.proc.wait()
+    sup.components = [live, gone]
+    try:
+        assert live.proc.stdout is not None and live.proc.stdout.readline() == b"ready\n"
+        assert sup.dump_stacks() == ["trainer-solver"]
+        time.sleep(1.0)
+    finally:
+        live.proc.kill()
+    err = live.proc.communicate(timeout=30)[1].decode()
+    assert "(most recent call first)" in err and "in wait_for_samples" in err, err
