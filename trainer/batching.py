@@ -11,7 +11,8 @@ Pure Python, no Kafka and no torch, so every rule here is unit-tested directly:
   (the last trainer version that may still train it) and a group's is the earliest deadline among
   its samples not yet past theirs, ties in completion order. Under `edf` a group whose every sample
   is already past its deadline is dropped (counted stale, as it would be in any order) without
-  taking a place in the batch. Versions only grow, so a queued group's deadline is never later
+  taking a place in the batch, at once: with too few trainable groups for a batch, a batch of only
+  such groups (no samples) is returned. Versions only grow, so a queued group's deadline is never later
   than that of a group rolled out after it: nothing waits forever.
 - Staleness is judged when a batch is formed: lag = trainer version - oldest version among the
   sample's generated tokens; samples past `max_staleness` are dropped and counted, the others of
@@ -173,7 +174,13 @@ class GroupBuffer:
                 closed = True
                 break
         if not closed and (max_tokens is None or tokens < max_tokens or not chosen):
-            return None  # ran out of queued groups without closing the batch
+            if not expired:
+                return None  # ran out of queued groups without closing the batch
+            # Too few trainable groups for a batch, but some that can never train: drop those now.
+            # Kept until a batch closed, they held places in the feeder's admission window, which
+            # then admitted nothing new, so no batch ever closed (the fault tests' stall: groups a
+            # crashed emission delivered late sat in the queue while the trainer polled for ever).
+            chosen = []
         taken = {*expired, *chosen}
         self.ready = deque(gid for gid in self.ready if gid not in taken)
         groups = [self.pending[gid] for gid in (*expired, *chosen)]

@@ -52,13 +52,20 @@ def test_edf_drops_wholly_stale_groups_without_taking_a_place() -> None:
     assert buf.take(1, None, 6, 2) is None
 
 
-def test_edf_waits_like_fifo_when_only_stale_groups_are_queued() -> None:
+def test_edf_drops_wholly_stale_groups_at_once_even_without_a_batch() -> None:
+    """Kept until a batch closed, such groups held places in the feeder's admission window, which
+    then admitted nothing, so no batch closed: the fault tests' stall (the trainer polled for ever
+    with complete groups queued). A batch of only them (no samples) consumes them now."""
     buf = GroupBuffer("p", order="edf")
     add_group(buf, "dead", [1, 1], 0, 0)
-    assert buf.take(1, None, version=6, max_staleness=2) is None  # no batch closes: nothing dropped yet
-    assert list(buf.ready) == ["dead#0"] and buf.counts["samples.stale"] == 0
-    add_group(buf, "a", [6, 6], 0, 2)
-    assert buf.take(1, None, 6, 2).group_ids == ["dead#0", "a#0"]
+    add_group(buf, "live", [6, 6], 0, 2)
+    batch = buf.take(2, None, version=6, max_staleness=2)  # one trainable group: no batch of 2
+    assert batch.group_ids == ["dead#0"] and batch.samples == [] and len(batch.stale) == 2
+    assert list(buf.ready) == ["live#0"] and buf.counts["samples.stale"] == 2
+    buf.done(batch, step=0)
+    assert buf.take(2, None, 6, 2) is None  # the trainable one waits for a second
+    add_group(buf, "b", [6, 6], 0, 4)
+    assert buf.take(2, None, 6, 2).group_ids == ["live#0", "b#0"]
 
 
 def test_out_of_order_batches_never_release_an_untrained_offset() -> None:
