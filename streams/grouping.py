@@ -4,7 +4,9 @@ State lives in two tables (Faust tables in the app, plain dicts in unit tests), 
 a group's entries sit in the changelog partition of the `trajectories` partition it came from:
 
     groups  group_id -> meta: an `OpenGroup` while pending or intent, a `DoneGroup` after
-    bodies  traj_id -> the trajectory's bytes as consumed (already validated)
+    bodies  traj_id -> the trajectory's bytes as consumed (already validated, so a msgpack map), or
+            a *run*: a msgpack array of the bytes of the trajectories a record added from this one
+            on (`Collector.add_record`)
 
 The metas are TypedDicts, not dataclasses: the tables hold (and the changelog stores, msgpack
 encoded) exactly these dicts, in this key order, so a restarted worker reads what an older one wrote
@@ -24,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Literal, NotRequired, Protocol, TypedDict
+
+import msgpack
 
 from astraflow.records import Trajectory
 from streams.api import Stage
@@ -59,6 +63,20 @@ class DoneGroup(TypedDict):
 
 
 GroupMeta = OpenGroup | DoneGroup
+
+
+def pack_run(bodies: list[bytes]) -> bytes:
+    """The body entry of several trajectories (their bytes as consumed, in order)."""
+    return msgpack.packb(bodies, use_bin_type=True)
+
+
+def is_run(body: bytes | None) -> bool:
+    """A run, not one trajectory's bytes: a msgpack array where a record is a map."""
+    return bool(body) and (0x90 <= body[0] <= 0x9F or body[0] in (0xDC, 0xDD))  # type: ignore[index]
+
+
+def unpack_run(body: bytes) -> list[bytes]:
+    return list(msgpack.unpackb(body, raw=False, use_list=True))
 
 
 class Table(Protocol):
@@ -136,30 +154,69 @@ class Collector:
         return self.groups.items()
 
     def add(self, traj: Trajectory, raw: bytes, partition: int, now: float, offset: int = -1) -> Added:
-        gid = traj.group_id
+        """Add one trajectory (see `add_record`)."""
+        return self.add_record([(traj, raw)], partition, now, offset)[0]
+
+    def add_record(self, items: list[tuple[Trajectory, bytes]], partition: int, now: float,
+                   offset: int = -1) -> list[Added]:
+        """Add the trajectories of one record (all of one group: a Trajectory, or the items of a
+        TrajectoryBatch), each with its bytes. Each is `added`, a `duplicate` (its traj_id is
+        already in the group), `late` (the group is done) or `inconsistent` with the group; `ready`
+        says whether the group is complete after the whole record.
+
+        A record costs two table writes however many trajectories it holds: the group's meta, and
+        one body entry under the first new traj_id holding the new trajectories' bytes (a list of
+        them when there are several; see `bodies_of`). Per trajectory, the changelog writes were
+        most of the streams worker's produce calls."""
+        if not items:
+            return []
+        gid = items[0][0].group_id
+        if any(traj.group_id != gid for traj, _ in items):
+            raise ValueError(f"a record's trajectories must all be of one group ({gid!r})")
         found = self.meta(gid)
         if found is not None and found["state"] == DONE:
-            return Added("late")
-        if found is None:
-            meta = OpenGroup(p=partition, state=PENDING, first=now, size=traj.group_size, ids=[], offs=[],
-                             task=traj.task_id, env=traj.env, policies=list(traj.policies))
-        else:
-            meta = found
+            return [Added("late") for _ in items]
+        first = items[0][0]
+        meta: OpenGroup = found if found is not None else OpenGroup(
+            p=partition, state=PENDING, first=now, size=first.group_size, ids=[], offs=[], task=first.task_id,
+            env=first.env, policies=list(first.policies))
+        ids, offs, policies = list(meta["ids"]), list(meta["offs"]), list(meta["policies"])
+        stored, fresh = set(ids), set()
+        outcomes: list[tuple[str, str]] = []
+        new: list[bytes] = []
+        repairs: list[tuple[str, bytes]] = []
+        for traj, raw in items:
             bad = self._inconsistent(meta, traj)
             if bad:
-                return Added("inconsistent", reason=bad)
-        if traj.traj_id in meta["ids"]:
-            if self.bodies.get(traj.traj_id) is None:
-                # a crash persisted the group's record but not this body (two changelog topics):
-                # the re-delivered trajectory repairs it
-                self.bodies.set(traj.traj_id, raw, meta["p"])
-            return Added("duplicate", ready=self.ready(meta))
-        self.bodies.set(traj.traj_id, raw, meta["p"])
-        # The group's policies are the union of its trajectories' (views may list different ones).
-        policies = [*meta["policies"], *(p for p in traj.policies if p not in meta["policies"])]
-        meta = {**meta, "ids": [*meta["ids"], traj.traj_id], "offs": [*meta["offs"], offset], "policies": policies}
-        self.groups.set(gid, meta, meta["p"])
-        return Added("added", ready=self.ready(meta))
+                outcomes.append(("inconsistent", bad))
+                continue
+            if traj.traj_id in stored or traj.traj_id in fresh:
+                if traj.traj_id in stored:
+                    repairs.append((traj.traj_id, raw))
+                outcomes.append(("duplicate", ""))
+                continue
+            ids.append(traj.traj_id)
+            fresh.add(traj.traj_id)
+            offs.append(offset)
+            # The group's policies are the union of its trajectories' (views may list different ones).
+            policies += [p for p in traj.policies if p not in policies]
+            new.append(raw)
+            outcomes.append(("added", ""))
+        if repairs:
+            # a crash persisted the group's meta but not these bodies (two changelog topics): the
+            # re-delivered trajectories repair them, each in an entry of its own
+            have = {tid for tid, body in self.bodies_of(gid) if body is not None}
+            for tid, raw in repairs:
+                if tid not in have:
+                    self.bodies.set(tid, raw, meta["p"])
+        if new:
+            head = ids[len(meta["ids"])]
+            self.bodies.set(head, new[0] if len(new) == 1 else pack_run(new), meta["p"])
+            meta = {**meta, "ids": ids, "offs": offs, "policies": policies}
+            self.groups.set(gid, meta, meta["p"])
+        ready = self.ready(meta)
+        return [Added(outcome, ready=ready and outcome != "inconsistent", reason=reason)  # type: ignore[arg-type]
+                for outcome, reason in outcomes]
 
     @staticmethod
     def _inconsistent(meta: OpenGroup, traj: Trajectory) -> str:
@@ -189,9 +246,25 @@ class Collector:
                 out.append((gid, "timeout_emit" if emit else "timeout_drop"))
         return out
 
-    def bodies_of(self, gid: str) -> list[tuple[str, bytes]]:
+    def bodies_of(self, gid: str) -> list[tuple[str, bytes | None]]:
+        """(traj_id, bytes) of the group's trajectories, in `ids` order; bytes None where a crash
+        lost them. A body entry holds one trajectory's bytes, or a list of the bytes of the
+        trajectories from its key onwards (`add_record`); no entry under a traj_id means it is in
+        an entry before it, or lost."""
         meta: OpenGroup | None = self.groups.get(gid)  # never called on a done group
-        return [(tid, self.bodies.get(tid)) for tid in meta["ids"]] if meta else []
+        if not meta:
+            return []
+        ids, out, i = meta["ids"], [], 0
+        while i < len(ids):
+            body = self.bodies.get(ids[i])
+            if is_run(body):
+                run = unpack_run(body)[: len(ids) - i]
+                out += zip(ids[i:i + len(run)], run)
+                i += max(len(run), 1)
+            else:
+                out.append((ids[i], body))
+                i += 1
+        return out
 
     @staticmethod
     def offsets(meta: OpenGroup) -> list[int]:
@@ -208,7 +281,8 @@ class Collector:
         """Emitted (or dropped): keep a small tombstone for dedupe; delete the bodies."""
         meta: OpenGroup = self.groups.get(gid)
         for tid in meta["ids"]:
-            self.bodies.delete(tid, meta["p"])
+            if self.bodies.get(tid) is not None:  # one delete per body entry
+                self.bodies.delete(tid, meta["p"])
         self.groups.set(gid, DoneGroup(p=meta["p"], state=DONE, at=now), meta["p"])
 
     def forget(self, gid: str) -> None:

@@ -2,7 +2,8 @@
 the pure algorithms.
 
 - `on_record`: validate each trajectory of a record (one, or a worker's batch of one group's; bad ->
-  `deadletter`), add it to the group table, queue the group for emission when complete.
+  `deadletter`), add them to the group table (two writes a record), queue the group for emission
+  when complete.
 - `sweep` (a timer): queue groups whose timeout passed, or that became complete without a new
   event (after a restart), and forget emitted groups past their dedupe TTL.
 - `emitter` (a task, streams/emission.py): emits the queued groups in batches.
@@ -108,44 +109,48 @@ class StreamsRuntime(Emitter):
         finally:
             c.observe("stage.validate.latency_ms", (time.perf_counter() - t0) * 1000.0)
         sent = self.dead.count
-        for raw, traj in items:
-            await self.on_trajectory(msg, raw, traj)
+        await self.on_trajectories(msg, items)
         if self.dead.count != sent:  # a batch's bad trajectories: one wait for all their dead letters
             await self.flush_dead()
 
-    async def on_trajectory(self, msg: Any, raw: bytes, traj: Trajectory | RecordError) -> None:
-        """One trajectory of the record `msg` (its bytes `raw`), checked, or why it was refused."""
+    async def on_trajectories(self, msg: Any, items: list[tuple[bytes, Trajectory | RecordError]]) -> None:
+        """The trajectories of the record `msg`, each with its bytes, checked or why it was refused
+        (dead-lettered alone, without waiting: `on_record` waits once)."""
         c = self.counters
-        c.inc("trajectories.in")
-        c.inc("stage.validate.in")
-        if isinstance(traj, RecordError):  # one bad trajectory of a batch: dead-lettered alone
-            c.inc("stage.validate.deadlettered")
-            await self.deadletter(msg.topic, msg.partition, msg.offset, msg.key, raw, str(traj), wait=False)
-            return
-        c.inc("stage.validate.out")
-        self.pipeline.ctx.versions.observe(traj)
-        c.inc("stage.group.in")
+        kept: list[tuple[Trajectory, bytes]] = []
+        for raw, traj in items:
+            c.inc("trajectories.in")
+            c.inc("stage.validate.in")
+            if isinstance(traj, RecordError):  # one bad trajectory of a batch: dead-lettered alone
+                c.inc("stage.validate.deadlettered")
+                await self.deadletter(msg.topic, msg.partition, msg.offset, msg.key, raw, str(traj), wait=False)
+                continue
+            c.inc("stage.validate.out")
+            self.pipeline.ctx.versions.observe(traj)
+            c.inc("stage.group.in")
+            if traj.group_id in self.emitting:  # its group's Samples are being produced without it
+                meta = self.collector.groups.get(traj.group_id) or {}
+                outcome = "duplicate" if traj.traj_id in meta.get("ids", ()) else "late"
+                c.inc(f"stage.group.dropped.{outcome}")
+                c.inc(f"trajectories.dropped.{outcome}")
+                continue
+            kept.append((traj, raw))
         now = time.time()
-        if traj.group_id in self.emitting:  # its group's Samples are being produced without it
-            meta = self.collector.groups.get(traj.group_id) or {}
-            outcome = "duplicate" if traj.traj_id in meta.get("ids", ()) else "late"
-            c.inc(f"stage.group.dropped.{outcome}")
-            c.inc(f"trajectories.dropped.{outcome}")
-            return
-        added = self.collector.add(traj, raw, msg.partition, now, msg.offset)
+        added = self.collector.add_record(kept, msg.partition, now, msg.offset)
         self.written()  # durable by the flush before the next commit
-        if added.outcome == "inconsistent":
-            c.inc("stage.group.deadlettered")
-            await self.deadletter(msg.topic, msg.partition, msg.offset, msg.key, raw,
-                                  f"Trajectory {traj.traj_id}: {added.reason}", wait=False)
-        elif added.outcome in ("duplicate", "late"):
-            c.inc(f"stage.group.dropped.{added.outcome}")
-            c.inc(f"trajectories.dropped.{added.outcome}")
-        else:
-            self.cache[traj.traj_id] = traj
-            self.arrived[traj.group_id] = now
-        if added.ready:
-            self.enqueue(traj.group_id, "complete")
+        for (traj, raw), result in zip(kept, added, strict=True):
+            if result.outcome == "inconsistent":
+                c.inc("stage.group.deadlettered")
+                await self.deadletter(msg.topic, msg.partition, msg.offset, msg.key, raw,
+                                      f"Trajectory {traj.traj_id}: {result.reason}", wait=False)
+            elif result.outcome in ("duplicate", "late"):
+                c.inc(f"stage.group.dropped.{result.outcome}")
+                c.inc(f"trajectories.dropped.{result.outcome}")
+            else:
+                self.cache[traj.traj_id] = traj
+                self.arrived[traj.group_id] = now
+        if any(result.ready for result in added):
+            self.enqueue(kept[0][0].group_id, "complete")
 
     async def deadletter(self, topic: str, partition: int, offset: int, key: bytes | None, raw: bytes,
                          error: str, wait: bool = True) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streams.grouping import DONE, INTENT, PENDING, Collector, DictTable, GroupStage
+from streams.grouping import DONE, INTENT, PENDING, Collector, DictTable, GroupStage, is_run, pack_run
 from tests.streams.factory import make_traj, raw
 
 
@@ -93,3 +93,40 @@ def test_inconsistent_members_are_refused() -> None:
     view = make_traj("t0", 1, group_size=3, policies=("a", "b"))
     assert c.add(view, raw(view), 0, 0.0).outcome == "added"
     assert c.groups.get("t0#0")["policies"] == ["policy", "a", "b"]
+
+
+def test_a_record_of_several_trajectories_costs_two_writes_and_its_bodies_read_back_in_order() -> None:
+    c = collector()
+    t = [make_traj("t0", i, group_size=4) for i in range(4)]
+    added = c.add_record([(x, raw(x)) for x in (t[0], t[1], t[1])], 2, 1.0, offset=7)
+    assert [a.outcome for a in added] == ["added", "added", "duplicate"]  # a repeat inside the record too
+    assert len(c.groups.writes) == 1 and len(c.bodies.writes) == 1
+    assert c.bodies.get("t0#0#0") == pack_run([raw(t[0]), raw(t[1])]) and c.bodies.get("t0#0#1") is None
+    assert not is_run(raw(t[0]))  # one trajectory's bytes stay as they were
+    last = c.add_record([(x, raw(x)) for x in (t[2], t[3])], 2, 2.0, offset=9)
+    assert all(a.ready for a in last)
+    assert c.bodies_of("t0#0") == [(x.traj_id, raw(x)) for x in t]
+    assert c.groups.get("t0#0")["offs"] == [7, 7, 9, 9]
+    c.mark_done("t0#0", 3.0)
+    deletes = [(k, p) for k, v, p in c.bodies.writes if v is None]
+    assert deletes == [("t0#0#0", 2), ("t0#0#2", 2)] and c.bodies.data == {}  # one delete per entry
+
+
+def test_a_re_delivered_record_repairs_the_bodies_a_crash_lost() -> None:
+    c = collector()
+    t = [make_traj("t0", i, group_size=3) for i in range(3)]
+    c.add_record([(x, raw(x)) for x in t[:2]], 0, 1.0)
+    del c.bodies.data["t0#0#0"]  # the meta's changelog write survived the crash, the body's did not
+    assert c.bodies_of("t0#0") == [("t0#0#0", None), ("t0#0#1", None)]
+    again = c.add_record([(x, raw(x)) for x in t[:2]], 0, 2.0)
+    assert [a.outcome for a in again] == ["duplicate", "duplicate"]
+    assert c.bodies_of("t0#0") == [(x.traj_id, raw(x)) for x in t[:2]]
+    assert c.add_record([(t[2], raw(t[2]))], 0, 3.0)[0].ready
+
+
+def test_a_record_of_trajectories_of_two_groups_is_refused() -> None:
+    import pytest
+
+    c = collector()
+    with pytest.raises(ValueError, match="one group"):
+        c.add_record([(make_traj("a", 0), b""), (make_traj("b", 0), b"")], 0, 1.0)
