@@ -197,3 +197,53 @@ def _record_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(fetch, "read_verified", spy)
     return seen
+
+
+def test_the_files_writer_is_safetensors_for_every_dtype_and_shape() -> None:
+    """`format.save` replaces safetensors' own writer (4x faster): safetensors reads its files back
+    bit for bit, NaN payloads, odd lengths, empty and 0-d tensors included, each tensor aligned."""
+    import json
+    import struct
+
+    from safetensors import safe_open
+    from safetensors.torch import load
+
+    from astraflow.weights import format as fmt
+
+    gen = torch.Generator().manual_seed(3)
+    tensors = {
+        "bf16::val": torch.randn(7, generator=gen).to(torch.bfloat16),
+        "f32": torch.tensor([float("nan"), -0.0, float("inf"), 1.5]),
+        "f16": torch.randn(3, 5, generator=gen).to(torch.float16),
+        "i16::idx": torch.tensor([0, 1, 3], dtype=torch.int16),  # 6 bytes: what follows must stay aligned
+        "i32": torch.tensor([1 << 20, -7], dtype=torch.int32),
+        "i64": torch.tensor([1 << 40], dtype=torch.int64),
+        "u8": torch.tensor([255, 0, 1], dtype=torch.uint8),
+        "empty": torch.zeros(0, 4),
+        "scalar": torch.tensor(2.5),
+        "strided": torch.arange(12, dtype=torch.float32).reshape(3, 4).t(),  # not contiguous
+    }
+    data = fmt.save(tensors, {"format": fmt.DELTA_FORMAT, "x": "y"})
+    back = load(data)
+    assert set(back) == set(tensors)
+    for name, t in tensors.items():
+        assert back[name].dtype == t.dtype and back[name].shape == t.shape, name
+        assert torch.equal(fmt.int_view(back[name].contiguous()), fmt.int_view(t.contiguous())), name
+    (n,) = struct.unpack_from("<Q", data)
+    header = json.loads(data[8:8 + n])
+    assert n % 8 == 0 and header["__metadata__"] == {"format": fmt.DELTA_FORMAT, "x": "y"}
+    for name, t in tensors.items():
+        assert header[name]["data_offsets"][0] % t.element_size() == 0, name
+    assert fmt.read_metadata(data)["x"] == "y"
+
+
+def test_safetensors_file_reader_opens_the_files_writer_output(tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    from astraflow.weights import format as fmt
+
+    path = tmp_path / "delta.safetensors"
+    path.write_bytes(fmt.save({"w": torch.arange(5, dtype=torch.bfloat16)}, {"format": fmt.SNAPSHOT_FORMAT}))
+    with safe_open(str(path), framework="pt") as fh:  # the reader other tools use
+        assert fh.metadata() == {"format": fmt.SNAPSHOT_FORMAT}
+        assert torch.equal(fh.get_tensor("w"), torch.arange(5, dtype=torch.bfloat16))
