@@ -80,7 +80,12 @@ def learning(series: list[dict[str, float]], key: str = "reward.mean") -> dict[s
 
 
 def write_tensorboard(rows: list[dict[str, Any]], out_dir: Path) -> None:
-    from torch.utils.tensorboard import SummaryWriter
+    """One TensorBoard event file per component instance, a scalar per metric value. Written with
+    tensorboard's own event writer: torch's SummaryWriter, which wraps it, imports torch (2 s of
+    every run's end, in a process that needs torch for nothing else)."""
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
     writers: dict[str, Any] = {}
     try:
@@ -89,10 +94,10 @@ def write_tensorboard(rows: list[dict[str, Any]], out_dir: Path) -> None:
             name = f"{r['component']}/{r['id']}"
             w = writers.get(name)
             if w is None:
-                w = writers[name] = SummaryWriter(str(out_dir / r["component"] / r["id"]))
+                w = writers[name] = EventFileWriter(str(out_dir / r["component"] / r["id"]))
             step = r["step"] if r["step"] >= 0 else int(r["time"] - t0)
-            for k, v in r["values"].items():
-                w.add_scalar(k, v, step, walltime=r["time"])
+            values = [Summary.Value(tag=k, simple_value=float(v)) for k, v in r["values"].items()]
+            w.add_event(Event(wall_time=r["time"], step=int(step), summary=Summary(value=values)))
     finally:
         for w in writers.values():
             w.close()

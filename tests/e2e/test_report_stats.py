@@ -28,3 +28,24 @@ def test_a_flat_run_learned_nothing() -> None:
 
 def test_too_short_a_run_has_no_statistics() -> None:
     assert learning(series([0.1] * 9), "reward.success") == {"steps": 9.0}
+
+
+def test_tensorboard_reads_every_metric_back_per_component(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from astraflow.runner.report import write_tensorboard
+
+    rows = [{"component": "trainer", "id": "trainer.solver", "step": s, "time": 100.0 + s,
+             "values": {"loss": 0.5 / s, "reward.mean": s / 10}} for s in range(1, 4)]
+    rows.append({"component": "worker", "id": "w0", "step": -1, "time": 107.5, "values": {"worker.tokens": 42.0}})
+    write_tensorboard(rows, tmp_path)
+    trainer = EventAccumulator(str(tmp_path / "trainer" / "trainer.solver"))
+    trainer.Reload()
+    assert sorted(trainer.Tags()["scalars"]) == ["loss", "reward.mean"]
+    loss = trainer.Scalars("loss")
+    assert [e.step for e in loss] == [1, 2, 3] and [e.wall_time for e in loss] == [101.0, 102.0, 103.0]
+    assert [e.value for e in loss] == pytest.approx([0.5, 0.25, 0.5 / 3])
+    worker = EventAccumulator(str(tmp_path / "worker" / "w0"))
+    worker.Reload()
+    (tokens,) = worker.Scalars("worker.tokens")
+    assert (tokens.step, tokens.value) == (6, 42.0)  # no step: seconds since the first row
