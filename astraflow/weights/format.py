@@ -201,36 +201,60 @@ def encode_snapshot(unique: dict[str, torch.Tensor], aliases: dict[str, str], po
     return save({k: v.contiguous() for k, v in unique.items()}, metadata=meta)
 
 
-def _gap_code(idx: torch.Tensor) -> torch.Tensor:
+def diff_states(old: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int, int]:
+    """Changed elements of `new` against `old` as delta tensors; also (changed, total) counts.
+
+    The tensors of one element size are compared as one flat buffer of raw bits (one `nonzero`
+    for all of them, not one per tensor: per tensor, the diff of the recipe model's 50 tensors took
+    ~9 ms of the trainer's CPU at every publication), then cut at the tensors' boundaries."""
     import torch
 
-    gaps = torch.diff(idx, prepend=idx.new_zeros(1))  # first element stays absolute
-    top = int(gaps.max()) if gaps.numel() else 0
-    for dt in (torch.int16, torch.int32):
-        if top <= torch.iinfo(dt).max:
-            return gaps.to(dt)
-    return gaps
-
-
-def diff_states(old: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int, int]:
-    """Changed elements of `new` against `old` as delta tensors; also (changed, total) counts."""
     if set(old) != set(new):
         missing, extra = sorted(set(old) - set(new)), sorted(set(new) - set(old))
         raise ValueError(f"tensor names changed between versions: missing {missing}, new {extra}")
-    out: dict[str, torch.Tensor] = {}
-    changed = total = 0
+    by_size: dict[int, list[str]] = {}
     for name in sorted(new):
         a, b = old[name], new[name]
         if a.shape != b.shape or a.dtype != b.dtype:
             raise ValueError(f"{name}: {a.dtype}{list(a.shape)} became {b.dtype}{list(b.shape)}")
-        flat_new = int_view(b.contiguous()).reshape(-1)
-        idx = (int_view(a.contiguous()).reshape(-1) != flat_new).nonzero().reshape(-1)
-        total += b.numel()
-        if idx.numel():
-            changed += idx.numel()
-            out[name + IDX] = _gap_code(idx)
-            out[name + VAL] = b.contiguous().reshape(-1)[idx].clone()
+        by_size.setdefault(b.element_size(), []).append(name)
+    out: dict[str, torch.Tensor] = {}
+    changed = total = 0
+    for names in by_size.values():
+        flat_old = torch.cat([int_view(old[n].contiguous()).reshape(-1) for n in names])
+        flat_new = torch.cat([int_view(new[n].contiguous()).reshape(-1) for n in names])
+        total += flat_new.numel()
+        idx = (flat_old != flat_new).nonzero().reshape(-1)
+        if not idx.numel():
+            continue
+        changed += idx.numel()
+        bounds = [0]
+        for n in names:
+            bounds.append(bounds[-1] + new[n].numel())
+        cuts = torch.searchsorted(idx, torch.tensor(bounds)).tolist()  # tensor i's changes: cuts[i]:cuts[i+1]
+        values = flat_new[idx]
+        # gap code: differences within a tensor, its first changed index absolute (from its start)
+        gaps = torch.diff(idx, prepend=idx.new_zeros(1))
+        firsts = [(cuts[i], bounds[i]) for i in range(len(names)) if cuts[i + 1] > cuts[i]]
+        at = torch.tensor([c for c, _ in firsts])
+        gaps[at] = idx[at] - torch.tensor([b for _, b in firsts])
+        for i, name in enumerate(names):
+            lo, hi = cuts[i], cuts[i + 1]
+            if hi > lo:
+                out[name + IDX] = _narrowest(gaps[lo:hi])
+                out[name + VAL] = values[lo:hi].view(new[name].dtype)
     return out, changed, total
+
+
+def _narrowest(gaps: torch.Tensor) -> torch.Tensor:
+    """Non-negative gaps in the narrowest of int16/int32/int64 that holds them."""
+    import torch
+
+    top = int(gaps.max())
+    for dt in (torch.int16, torch.int32):
+        if top <= torch.iinfo(dt).max:
+            return gaps.to(dt)
+    return gaps
 
 
 def encode_delta(tensors: dict[str, torch.Tensor], aliases: dict[str, str], policy: str, version: int,

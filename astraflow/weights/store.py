@@ -97,7 +97,8 @@ class WeightStore:
         return data
 
     def _save_manifest(self) -> None:
-        write_atomic(self.dir / MANIFEST, json.dumps(self.manifest, indent=1, sort_keys=True).encode())
+        # compact: json's C encoder (with an indent it encodes in Python: 2 ms of every publication)
+        write_atomic(self.dir / MANIFEST, json.dumps(self.manifest, sort_keys=True, separators=(",", ":")).encode())
 
     @property
     def versions(self) -> list[int]:

@@ -91,3 +91,52 @@ def test_garbage_is_a_format_error() -> None:
     for data in (b"", b"\x00" * 7, b"\xff" * 64, fmt.ZSTD_MAGIC + b"\x00" * 20):
         with pytest.raises(fmt.FormatError):
             fmt.decode_file(data)
+
+
+def _reference_delta(old: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The delta format, tensor by tensor, as the docstring of astraflow/weights/format.py states it."""
+    out = {}
+    for name in sorted(new):
+        a, b = fmt.int_view(old[name]).reshape(-1), fmt.int_view(new[name]).reshape(-1)
+        idx = (a != b).nonzero().reshape(-1)
+        if idx.numel():
+            gaps = torch.diff(idx, prepend=idx.new_zeros(1))
+            top = int(gaps.max())
+            dt = torch.int16 if top <= 32767 else torch.int32 if top <= 2**31 - 1 else torch.int64
+            out[name + fmt.IDX] = gaps.to(dt)
+            out[name + fmt.VAL] = new[name].reshape(-1)[idx]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_flat_diff_of_many_tensors_is_the_per_tensor_delta(seed: int) -> None:
+    """diff_states compares all tensors of one element size at once; its delta is exactly the
+    per-tensor one: tensors unchanged, changed in their first or last element only, or entirely,
+    of mixed dtypes, with gaps that need int32."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = {"a.bf16": ((64, 33), torch.bfloat16), "b.bf16": ((7,), torch.bfloat16),
+              "c.f32": ((40_000,), torch.float32), "d.f32": ((3, 3), torch.float32),
+              "e.i64": ((5,), torch.int64), "f.f16": ((17, 2), torch.float16), "g.bf16": ((1,), torch.bfloat16)}
+    old = {n: (torch.randn(s, generator=gen) * 10).to(dt) for n, (s, dt) in shapes.items()}
+    new = {n: t.clone() for n, t in old.items()}
+    for name, t in new.items():
+        flat = t.reshape(-1)
+        kind = int(torch.randint(0, 4, (1,), generator=gen))
+        if kind == 1:
+            flat[0] += 1
+        elif kind == 2:
+            flat[-1] += 1
+        elif kind == 3:
+            mask = torch.rand(flat.shape, generator=gen) < 0.3
+            flat[mask] = flat[mask] + 1
+    new["c.f32"][39_999] = 123.0  # a gap past int16 (unless the random ones came close)
+    tensors, changed, total = fmt.diff_states(old, new)
+    want = _reference_delta(old, new)
+    assert set(tensors) == set(want)
+    for k in want:
+        assert tensors[k].dtype == want[k].dtype and torch.equal(fmt.int_view(tensors[k]), fmt.int_view(want[k])), k
+    assert total == sum(t.numel() for t in new.values())
+    assert changed == sum(want[k].numel() for k in want if k.endswith(fmt.VAL))
+    state = {k: v.clone() for k, v in old.items()}
+    fmt.apply_delta(state, tensors)
+    assert all(torch.equal(fmt.int_view(state[k]), fmt.int_view(new[k])) for k in new)
