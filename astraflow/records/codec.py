@@ -9,6 +9,7 @@ No pickle anywhere. `decode` raises only RecordError, whatever the bytes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import struct
 from typing import Any, TypeVar
 
@@ -66,8 +67,8 @@ def encode(record: Record, known_policies: frozenset[str] | None = None) -> byte
     been mutated since it was built)."""
     record.validate(known_policies)
     body: dict[str, Any] = {"v": SCHEMA_VERSION, "t": record.TYPE}
-    for fld in dataclasses.fields(record):  # type: ignore[arg-type]
-        body[fld.name] = getattr(record, fld.name)
+    for name, _ in record.wire_fields():
+        body[name] = getattr(record, name)
     return msgpack.packb(body, default=_default, use_bin_type=True)
 
 
@@ -109,17 +110,28 @@ def decode(data: bytes | bytearray | memoryview, expected: type[R] | tuple[type[
     return _build(cls, body, known_policies)  # type: ignore[return-value]
 
 
+@functools.cache
+def _layout(cls: type[Record]) -> tuple[frozenset[str], tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """A record type's field names, its required ones, and its arrays with their dtypes."""
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    required = tuple(f.name for f in fields
+                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    arrays = tuple((f.name, f.metadata["kind"].dtype) for f in fields if isinstance(f.metadata["kind"], Array))
+    return frozenset(f.name for f in fields), required, arrays
+
+
 def _build(cls: type[Record], body: dict[str, Any], known_policies: frozenset[str] | None) -> Record:
-    fields = {fld.name: fld for fld in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted((k for k in body if k not in fields), key=repr)
-    if unknown:
+    names, required, arrays = _layout(cls)
+    if not names.issuperset(body):
+        unknown = sorted((k for k in body if k not in names), key=repr)
         raise RecordError(str(unknown[0]), "unknown field", cls.TYPE)
-    for name, fld in fields.items():
-        if name not in body and fld.default is dataclasses.MISSING and fld.default_factory is dataclasses.MISSING:
+    for name in required:
+        if name not in body:
             raise RecordError(name, "required field is missing", cls.TYPE)
-        if name in body and isinstance(fld.metadata["kind"], Array) and not isinstance(body[name], np.ndarray):
+    for name, dtype in arrays:
+        if name in body and not isinstance(body[name], np.ndarray):
             # On the wire, token-level arrays are packed buffers, never lists of numbers.
-            raise RecordError(name, f"expected a packed {fld.metadata['kind'].dtype} array (msgpack extension "
+            raise RecordError(name, f"expected a packed {dtype} array (msgpack extension "
                               f"{EXT_NDARRAY}), got {type(body[name]).__name__}", cls.TYPE)
     record = cls(**body)  # validates every field
     return record.check_policies(known_policies) if known_policies is not None else record

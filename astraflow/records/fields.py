@@ -162,7 +162,7 @@ class Array(Kind):
     max: float | None = None
 
     def check(self, field: str, value: Any) -> np.ndarray:
-        target = np.dtype(self.dtype)
+        target = _DTYPES.get(self.dtype) or np.dtype(self.dtype)
         if isinstance(value, np.ndarray):
             arr = value
         elif isinstance(value, (list, tuple)):
@@ -186,14 +186,35 @@ class Array(Kind):
             if target.kind in "iu" and arr.size and not np.array_equal(cast, arr):
                 raise _fail(field, f"values do not fit in {self.dtype}")
             arr = cast
-        if self.finite and arr.size and not np.isfinite(arr).all():
-            bad = int(np.flatnonzero(~np.isfinite(arr))[0])
-            raise _fail(field, f"must be finite, element {bad} is {arr[bad]}")
-        if self.min is not None and arr.size and arr.min() < self.min:
+        if not arr.size or (not self.finite and self.min is None and self.max is None):
+            return arr
+        if arr.shape[0] <= _SMALL:
+            # a short array's elements as Python numbers: a few numpy reductions cost more than
+            # these (they are most of a record's validation, and records are validated often)
+            items = arr.tolist()
+            if self.finite and not all(map(math.isfinite, items)):
+                self._not_finite(field, arr)
+            lo, hi = (min(items), max(items)) if self.min is not None or self.max is not None else (0, 0)
+        else:
+            if self.finite and not np.isfinite(arr).all():
+                self._not_finite(field, arr)
+            lo = arr.min() if self.min is not None else 0
+            hi = arr.max() if self.max is not None else 0
+        if self.min is not None and lo < self.min:
             raise _fail(field, f"element {int(arr.argmin())} is {arr.min()}, below the minimum {self.min}")
-        if self.max is not None and arr.size and arr.max() > self.max:
+        if self.max is not None and hi > self.max:
             raise _fail(field, f"element {int(arr.argmax())} is {arr.max()}, above the maximum {self.max}")
         return arr
+
+    @staticmethod
+    def _not_finite(field: str, arr: np.ndarray) -> None:
+        bad = int(np.flatnonzero(~np.isfinite(arr))[0])
+        raise _fail(field, f"must be finite, element {bad} is {arr[bad]}")
+
+
+#: arrays up to this long are checked element by element in Python (faster than numpy below ~100)
+_SMALL = 64
+_DTYPES = {name: np.dtype(name) for name in ("int8", "uint8", "int32", "float32")}
 
 
 @dataclass(frozen=True)

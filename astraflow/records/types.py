@@ -66,12 +66,21 @@ class Record:
         # raises RecordError naming the field, so an invalid record never exists in a component.
         self.validate()
 
+    @classmethod
+    def wire_fields(cls) -> tuple[tuple[str, Kind], ...]:
+        """(name, wire kind) of each field, in order (computed once per class: `dataclasses.fields`
+        builds its tuple at every call, and validation asks at every record)."""
+        found = cls.__dict__.get("_wire_fields")
+        if found is None:
+            found = tuple((f.name, f.metadata["kind"]) for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+            cls._wire_fields = found  # type: ignore[attr-defined]
+        return found  # type: ignore[no-any-return]
+
     def validate(self, known_policies: frozenset[str] | None = None) -> Record:
         """Check and normalise every field in place; return self. Raises RecordError."""
         try:
-            for fld in dataclasses.fields(self):  # type: ignore[arg-type]
-                kind: Kind = fld.metadata["kind"]
-                setattr(self, fld.name, kind.check(fld.name, getattr(self, fld.name)))
+            for name, kind in self.wire_fields():
+                setattr(self, name, kind.check(name, getattr(self, name)))
             if self.TOKEN_FIELDS:
                 lengths = {name: len(getattr(self, name)) for name in self.TOKEN_FIELDS}
                 first = self.TOKEN_FIELDS[0]
@@ -102,7 +111,7 @@ class Record:
         """Cross-field rules of one record type."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {fld.name: getattr(self, fld.name) for fld in dataclasses.fields(self)}  # type: ignore[arg-type]
+        return {name: getattr(self, name) for name, _ in self.wire_fields()}
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):

@@ -24,6 +24,7 @@ from astraflow.records import (
     group_id,
     traj_id,
 )
+from astraflow.records.fields import Array
 from tests.foundation.strategies import ALL
 
 
@@ -269,3 +270,24 @@ def test_every_field_of_every_type_decodes_or_raises_only_record_error() -> None
     array_as_version = msgpack.packb({**good, "v": _packed([1, 1], 3, "int32")}, use_bin_type=True)
     with pytest.raises(RecordError, match="schema version"):
         decode(array_as_version)
+
+
+@pytest.mark.parametrize("n", [1, 5, 64, 65, 500])  # short arrays are checked in Python, long ones in numpy
+@pytest.mark.parametrize(("kind", "bad", "words"), [
+    (Array("float32", finite=True, max=0.0), float("nan"), "must be finite, element {i} is nan"),
+    (Array("float32", finite=True, max=0.0), float("-inf"), "must be finite, element {i} is -inf"),
+    (Array("float32", finite=True, max=0.0), 0.25, "element {i} is 0.25, above the maximum 0.0"),
+    (Array("float32", finite=True), float("inf"), "must be finite, element {i} is inf"),
+    (Array("int32", min=0), -3, "element {i} is -3, below the minimum 0"),
+    (Array("uint8", min=0, max=1), 2, "element {i} is 2, above the maximum 1"),
+    (Array("int8", min=-1), -2, "element {i} is -2, below the minimum -1"),
+])
+def test_a_bad_element_is_found_wherever_it_is(n: int, kind: Array, bad: float, words: str) -> None:
+    for i in sorted({0, n // 2, n - 1}):
+        values = np.zeros(n, dtype=kind.dtype)
+        assert kind.check("f", values) is values  # all good: the array itself
+        values = values.astype(np.float64)
+        values[i] = bad
+        with pytest.raises(RecordError) as info:
+            kind.check("f", values.astype(kind.dtype) if np.isfinite(bad) else values.astype(np.float32))
+        assert info.value.field == "f" and words.format(i=i) in str(info.value), (n, i, str(info.value))
