@@ -140,3 +140,11 @@ def test_the_flat_diff_of_many_tensors_is_the_per_tensor_delta(seed: int) -> Non
     state = {k: v.clone() for k, v in old.items()}
     fmt.apply_delta(state, tensors)
     assert all(torch.equal(fmt.int_view(state[k]), fmt.int_view(new[k])) for k in new)
+
+
+def test_a_delta_with_non_integer_indices_is_refused() -> None:
+    state = {"x": torch.zeros(4)}
+    bad = {"x::idx": torch.tensor([1.0, 1.0]), "x::val": torch.tensor([1.0, 2.0])}
+    with pytest.raises(fmt.FormatError, match="indices of dtype torch.float32"):
+        fmt.apply_delta(state, bad)
+    assert torch.equal(state["x"], torch.zeros(4))
