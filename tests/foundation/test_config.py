@@ -106,6 +106,10 @@ def test_producer_and_consumer_guarantees() -> None:
     assert c["group.id"] == "ns.workers"
     assert c["enable.auto.offset.store"] is False  # offsets stored only after processing
     assert c["auto.offset.reset"] == "earliest"
+    # an empty fetch is held 100 ms locally, not librdkafka's 500: the consumer's metadata and
+    # end-offset requests wait behind it; over a WAN, fewer round trips matter more
+    assert c["fetch.wait.max.ms"] == 100
+    assert consumer_config(KafkaSettings(bootstrap="h:1", wan=True), "w")["fetch.wait.max.ms"] == 500
 
 
 def test_faust_gets_the_same_connection() -> None:
