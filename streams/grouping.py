@@ -259,7 +259,7 @@ class Collector:
             body = self.bodies.get(ids[i])
             if is_run(body):
                 run = unpack_run(body)[: len(ids) - i]
-                out += zip(ids[i:i + len(run)], run)
+                out += zip(ids[i:i + len(run)], run, strict=True)
                 i += max(len(run), 1)
             else:
                 out.append((ids[i], body))

@@ -121,7 +121,7 @@ def _layout(cls: type[Record]) -> tuple[frozenset[str], tuple[str, ...], tuple[t
 
 
 def _build(cls: type[Record], body: dict[str, Any], known_policies: frozenset[str] | None) -> Record:
-    names, required, arrays = _layout(cls)
+    names, required, arrays = _layout(cls)  # type: ignore[arg-type]  # a class is hashable
     if not names.issuperset(body):
         unknown = sorted((k for k in body if k not in names), key=repr)
         raise RecordError(str(unknown[0]), "unknown field", cls.TYPE)

@@ -74,7 +74,7 @@ class Record:
         if found is None:
             found = tuple((f.name, f.metadata["kind"]) for f in dataclasses.fields(cls))  # type: ignore[arg-type]
             cls._wire_fields = found  # type: ignore[attr-defined]
-        return found  # type: ignore[no-any-return]
+        return found
 
     def validate(self, known_policies: frozenset[str] | None = None) -> Record:
         """Check and normalise every field in place; return self. Raises RecordError."""

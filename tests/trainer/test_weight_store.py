@@ -205,7 +205,6 @@ def test_the_files_writer_is_safetensors_for_every_dtype_and_shape() -> None:
     import json
     import struct
 
-    from safetensors import safe_open
     from safetensors.torch import load
 
     from astraflow.weights import format as fmt

@@ -119,7 +119,7 @@ def test_the_flat_diff_of_many_tensors_is_the_per_tensor_delta(seed: int) -> Non
               "e.i64": ((5,), torch.int64), "f.f16": ((17, 2), torch.float16), "g.bf16": ((1,), torch.bfloat16)}
     old = {n: (torch.randn(s, generator=gen) * 10).to(dt) for n, (s, dt) in shapes.items()}
     new = {n: t.clone() for n, t in old.items()}
-    for name, t in new.items():
+    for t in new.values():
         flat = t.reshape(-1)
         kind = int(torch.randint(0, 4, (1,), generator=gen))
         if kind == 1:
