@@ -70,19 +70,20 @@ def test_concurrent_initialisation_yields_one_complete_checkpoint(tmp_path: Path
 def test_initialisation_under_torchrun(tmp_path: Path) -> None:
     script = tmp_path / "init.py"
     script.write_text(
-        "import sys, torch.distributed as dist\n"
+        "import os, sys, torch.distributed as dist\n"
         "dist.init_process_group('gloo')\n"
         "from astraflow.config import ModelSpec\n"
         "from astraflow.models import init_checkpoint, _complete\n"
         f"p = init_checkpoint(ModelSpec(**{TINY!r}), sys.argv[1])\n"
         "dist.barrier()\n"
         "assert _complete(p)\n"
-        "print(f'rank {dist.get_rank()} ok', flush=True)\n"
+        "os.write(1, f'rank {dist.get_rank()} ok\\n'.encode())\n"
         "dist.destroy_process_group()\n"
     )
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script),
                              str(tmp_path / "ck")], capture_output=True, text=True, timeout=300,
                             env=subprocess_env(), cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
-    # one write per rank (CI once saw 'rank 1 rankok 0 ok': print's pieces of two ranks interleaved)
+    # one write(2) per rank, which a pipe keeps whole: print makes two (the text, then its end),
+    # and CI saw 'rank 1 okrank 0 ok' and 'rank 1 rankok 0 ok' from the two ranks' interleaved pieces
     assert sorted(line for line in result.stdout.splitlines() if line.endswith(" ok")) == ["rank 0 ok", "rank 1 ok"]
