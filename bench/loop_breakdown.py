@@ -37,7 +37,7 @@ import yaml
 from astraflow import broker
 from astraflow.config import KafkaSettings, load_recipe
 from astraflow.kafka import read_to_end
-from astraflow.records import Sample, Task, WeightVersion, trajectories_of
+from astraflow.records import Sample, SampleBatch, Task, WeightVersion, trajectories_of
 from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent
@@ -81,7 +81,7 @@ def breakdown(settings: KafkaSettings, run_dir: Path, policy: str) -> dict[str, 
             produced[r.group_id] = max(produced.get(r.group_id, 0.0), ts)
     sampled: dict[str, float] = {}
     for ts, r in read_to_end(settings, f"samples.{policy}"):
-        if isinstance(r, Sample):
+        if isinstance(r, (Sample, SampleBatch)):
             sampled[r.group_id] = max(sampled.get(r.group_id, 0.0), ts)
     versions = sorted((r.step, ts) for ts, r in read_to_end(settings, "weights")
                       if isinstance(r, WeightVersion) and r.policy == policy and r.step > 0)

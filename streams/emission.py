@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from astraflow.records import Trajectory, decode, encode
+from astraflow.records import SampleBatch, Trajectory, decode, encode, sample_batches
 from streams.api import Group
 from streams.emit import partition_for, read_back
 from streams.grouping import DONE, INTENT, OpenGroup
@@ -26,11 +26,13 @@ from streams.pipeline import StageError
 from streams.stats import TaskSummary, dropped_summary
 
 log = logging.getLogger(__name__)
+#: Samples of a group and policy travel together up to this many encoded bytes a record.
+BATCH_BYTES = 1 << 20
 
 
 def failpoint_from_env() -> tuple[str, int] | None:
-    """Fault injection for the crash tests: ASTRAFLOW_STREAMS_FAILPOINT=mid_emit:N (SIGKILL after half
-    of the N-th emitted group's Samples are acknowledged) or after_emit:N (after all the Samples
+    """Fault injection for the crash tests: ASTRAFLOW_STREAMS_FAILPOINT=mid_emit:N (SIGKILL after the
+    first half of the N-th emitted group's Samples are acknowledged) or after_emit:N (after all the Samples
     of the N-th group's batch are, before any group of the batch is marked done)."""
     spec = os.environ.get("ASTRAFLOW_STREAMS_FAILPOINT", "")
     where, _, n = spec.partition(":")
@@ -135,13 +137,14 @@ class Emitter:
         for p in plans:
             self.emissions += bool(p.records)
             p.number = self.emissions
-            for i, (policy, part, sample) in enumerate(p.records):
-                if i == len(p.records) // 2:
+            outgoing = self._records_of(p)
+            for i, (policy, part, batch) in enumerate(outgoing):
+                if i == len(outgoing) // 2:
                     await self._maybe_fail("mid_emit", p.number, p.gid, futures)
                 topic = self.topics.samples[policy]
-                futures.append(await topic.send(key=sample.group_id.encode(),
-                                                value=encode(sample, self.policies), partition=part))
-                self.counters.inc(f"samples.out.{policy}")
+                futures.append(await topic.send(key=batch.group_id.encode(),
+                                                value=encode(batch, self.policies), partition=part))
+                self.counters.inc(f"samples.out.{policy}", len(batch.items))
             futures += await self._send_summaries(p.summaries, wait=False)
         await self.send_now()
         await asyncio.gather(*futures)
@@ -201,6 +204,20 @@ class Emitter:
         records = [(s.policy, partition_for(s.group_id, self.topics.sample_partitions[s.policy]), s)
                    for s in samples]
         return _Plan(gid, meta, group, records, summaries, emitted=bool(records))
+
+    def _records_of(self, plan: _Plan) -> list[tuple[str, int, SampleBatch]]:
+        """The records a plan's Samples go out in: one SampleBatch per policy (split at
+        BATCH_BYTES). The mid_emit failpoint's group sends its Samples in two halves, so that
+        dying between them leaves some of them on the topics, as a group of two policies can."""
+        records = plan.records
+        halves = self.failpoint == ("mid_emit", plan.number) and len(records) > 1
+        chunks = [records[: len(records) // 2], records[len(records) // 2:]] if halves else [records]
+        out = []
+        for chunk in chunks:
+            parts = {policy: part for policy, part, _ in chunk}
+            out += [(b.policy, parts[b.policy], b)
+                    for b in sample_batches([s for _, _, s in chunk], BATCH_BYTES, self.policies)]
+        return out
 
     async def send_now(self) -> None:
         """End the producer's linger for what was just sent (see `_IdempotentProducer.send_now`)."""

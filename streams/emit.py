@@ -12,8 +12,8 @@ closes it:
 3. mark the group `done` and delete its trajectories (flushed before the next offset commit).
 
 A worker that finds a group in `intent` (the previous one died between 1 and 3) reads the target
-partitions back from the intent's time onwards (`read_back`) and produces only the Samples that
-are not there. Samples are identified by (topic, traj_id), which are deterministic. The one
+partitions back from the intent's time onwards (`read_back`, opening SampleBatch records) and
+produces only the Samples that are not there. Samples are identified by (topic, traj_id), which are deterministic. The one
 remaining race: a produce request of the dead worker that the broker has received but not yet
 appended when the new worker reads back; the restart takes seconds, the append milliseconds.
 """
@@ -29,7 +29,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from astraflow.config.kafka import KafkaSettings
 from astraflow.errors import RecordError
 from astraflow.kafka import make_consumer
-from astraflow.records import Sample, decode
+from astraflow.records import Sample, SampleBatch, decode, samples_of
 
 log = logging.getLogger(__name__)
 _partitioner = DefaultPartitioner()
@@ -85,11 +85,11 @@ def read_back(settings: KafkaSettings, targets: Iterable[tuple[str, int]], keys:
                 remaining.discard(where)
             if msg.key() in wanted:
                 try:
-                    sample = decode(msg.value() or b"", Sample)
+                    record = decode(msg.value() or b"", (Sample, SampleBatch))
                 except RecordError as exc:  # not ours to judge here; it cannot be one we owe
                     log.warning("read-back: undecodable record at %s@%d: %s", where, msg.offset(), exc)
                     continue
-                found.add((msg.topic(), sample.traj_id))
+                found.update((msg.topic(), sample.traj_id) for sample in samples_of(record))
         return found
     finally:
         consumer.close()

@@ -1,5 +1,8 @@
 """The trainer's input: `samples.<P>` read into its GroupBuffer (on the leader rank only).
 
+Streams writes a group's Samples for a policy as one SampleBatch (single Sample records are read
+too); every Sample of a batch counts at the batch's offset.
+
 Partitions are assigned explicitly and positioned at the offsets stored in the last checkpoint
 (Kafka's committed offsets are only informational, for lag monitoring); bad records go to
 `deadletter`; partitions added to the topic later (`astraflow topics apply` grows them) are read
@@ -15,8 +18,9 @@ from typing import Any
 
 from astraflow.config.kafka import KafkaSettings
 from astraflow.deadletters import DeadLetters, decode_or_deadletter
+from astraflow.errors import RecordError
 from astraflow.kafka import TopicReader, partitions_of
-from astraflow.records import Sample
+from astraflow.records import Sample, SampleBatch, decode
 from trainer import retention
 from trainer.batching import BadSample, GroupBuffer
 
@@ -79,14 +83,34 @@ class SampleIntake:
             log.warning("%s: now also reading new partitions %s", self.topic, new)
 
     def _intake(self, msg: Any) -> None:
-        sample = decode_or_deadletter(msg, Sample, self.dead, self.policies)
-        if sample is None:
+        """One message: a Sample, or a SampleBatch of one group's (each item checked on its own: a
+        bad one is dead-lettered alone, with its own bytes and the batch's position)."""
+        record = decode_or_deadletter(msg, (Sample, SampleBatch), self.dead, self.policies)  # type: ignore[arg-type]
+        if record is None:
             self.buffer.consumed(msg.partition(), msg.offset())
             return
+        if isinstance(record, Sample):
+            self._add(msg, record, msg.value() or b"")
+            return
+        for i, item in enumerate(record.items):
+            try:
+                sample = decode(item, Sample, self.policies)
+                for name in ("group_id", "policy"):
+                    if getattr(sample, name) != getattr(record, name):
+                        raise RecordError(name, f"{getattr(sample, name)!r} is not the batch's "
+                                          f"{getattr(record, name)!r}", "Sample")
+            except RecordError as exc:
+                self.buffer.consumed(msg.partition(), msg.offset())
+                self.dead.publish(msg.topic(), msg.partition(), msg.offset(), msg.key(), item,
+                                  f"SampleBatch.items[{i}]: {exc}")
+                continue
+            self._add(msg, sample, item)
+
+    def _add(self, msg: Any, sample: Sample, raw: bytes) -> None:
         try:
             self.buffer.add(sample, msg.partition(), msg.offset())
         except BadSample as exc:
-            self.dead.publish_message(msg, str(exc))
+            self.dead.publish(msg.topic(), msg.partition(), msg.offset(), msg.key(), raw, str(exc))
 
     def commit_offsets(self) -> None:
         """Tell Kafka how far the last checkpoint is, for lag monitoring only (restarts use the

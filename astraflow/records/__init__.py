@@ -6,7 +6,15 @@
 """
 
 from astraflow.errors import RecordError
-from astraflow.records.codec import SCHEMA_VERSION, batches, decode, encode, trajectories_of
+from astraflow.records.codec import (
+    SCHEMA_VERSION,
+    batches,
+    decode,
+    encode,
+    sample_batches,
+    samples_of,
+    trajectories_of,
+)
 from astraflow.records.types import (
     DTYPES,
     FINISH_REASONS,
@@ -15,6 +23,7 @@ from astraflow.records.types import (
     Metric,
     Record,
     Sample,
+    SampleBatch,
     Task,
     TaskStats,
     Trajectory,
@@ -26,6 +35,6 @@ from astraflow.records.types import (
 
 __all__ = [
     "DTYPES", "FINISH_REASONS", "RECORD_TYPES", "SCHEMA_VERSION", "DeadLetter", "Metric", "Record",
-    "RecordError", "Sample", "Task", "TaskStats", "Trajectory", "TrajectoryBatch", "WeightVersion", "batches", "decode", "encode",
-    "group_id", "traj_id", "trajectories_of",
+    "RecordError", "Sample", "SampleBatch", "Task", "TaskStats", "Trajectory", "TrajectoryBatch", "WeightVersion",
+    "batches", "decode", "encode", "group_id", "sample_batches", "samples_of", "traj_id", "trajectories_of",
 ]

@@ -18,7 +18,7 @@ import numpy as np
 
 from astraflow.errors import RecordError
 from astraflow.records.fields import MAX_BYTES, MAX_TOKENS, Array
-from astraflow.records.types import RECORD_TYPES, Record, Trajectory, TrajectoryBatch
+from astraflow.records.types import RECORD_TYPES, Record, Sample, SampleBatch, Trajectory, TrajectoryBatch
 
 SCHEMA_VERSION = 1
 EXT_NDARRAY = 1
@@ -137,36 +137,59 @@ def _build(cls: type[Record], body: dict[str, Any], known_policies: frozenset[st
     return record.check_policies(known_policies) if known_policies is not None else record
 
 
+def samples_of(record: Record) -> list[Sample]:
+    """The Samples a record of `samples.<policy>` carries: itself, or a batch's items (for reports,
+    benches and tests: an item that does not decode is left out; the trainer dead-letters it)."""
+    return _opened(record, Sample, SampleBatch)
+
+
 def trajectories_of(record: Record) -> list[Trajectory]:
     """The trajectories a record of `trajectories` carries: itself, or a batch's items (for reports
     and benches: an item that does not decode is left out; streams dead-letters it)."""
-    if isinstance(record, Trajectory):
+    return _opened(record, Trajectory, TrajectoryBatch)
+
+
+def _opened(record: Record, single: type[R], batch: type[Record]) -> list[R]:
+    if isinstance(record, single):
         return [record]
-    out: list[Trajectory] = []
-    if isinstance(record, TrajectoryBatch):
-        for item in record.items:
-            try:
-                out.append(decode(item, Trajectory))
-            except RecordError:
-                continue
+    out: list[R] = []
+    for item in getattr(record, "items", []) if isinstance(record, batch) else []:
+        try:
+            out.append(decode(item, single))
+        except RecordError:
+            continue
     return out
 
 
 def batches(trajs: list[Trajectory], max_bytes: int) -> list[TrajectoryBatch]:
     """The records a task's trajectories travel in: one TrajectoryBatch per group, split where the
     encoded trajectories would pass `max_bytes` (a trajectory larger than that travels alone)."""
-    out: list[TrajectoryBatch] = []
     by_group: dict[str, list[bytes]] = {}
     for traj in trajs:
         by_group.setdefault(traj.group_id, []).append(encode(traj))
-    for gid, items in by_group.items():
-        chunk: list[bytes] = []
-        size = 0
-        for item in items:
-            if chunk and size + len(item) > max_bytes:
-                out.append(TrajectoryBatch(group_id=gid, items=chunk))
-                chunk, size = [], 0
-            chunk.append(item)
-            size += len(item)
-        out.append(TrajectoryBatch(group_id=gid, items=chunk))
-    return out
+    return [TrajectoryBatch(group_id=gid, items=chunk)
+            for gid, items in by_group.items() for chunk in _chunks(items, max_bytes)]
+
+
+def sample_batches(samples: list[Sample], max_bytes: int,
+                   known_policies: frozenset[str] | None = None) -> list[SampleBatch]:
+    """The records Samples travel in: one SampleBatch per group and policy, split where the encoded
+    Samples would pass `max_bytes` (a Sample larger than that travels alone in its batch)."""
+    by_key: dict[tuple[str, str], list[bytes]] = {}
+    for sample in samples:
+        by_key.setdefault((sample.group_id, sample.policy), []).append(encode(sample, known_policies))
+    return [SampleBatch(group_id=gid, policy=policy, items=chunk)
+            for (gid, policy), items in by_key.items() for chunk in _chunks(items, max_bytes)]
+
+
+def _chunks(items: list[bytes], max_bytes: int) -> list[list[bytes]]:
+    out: list[list[bytes]] = []
+    chunk: list[bytes] = []
+    size = 0
+    for item in items:
+        if chunk and size + len(item) > max_bytes:
+            out.append(chunk)
+            chunk, size = [], 0
+        chunk.append(item)
+        size += len(item)
+    return [*out, chunk] if chunk else out

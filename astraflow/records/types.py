@@ -279,6 +279,24 @@ class Sample(Record):
 
 
 @dataclass(eq=False)
+class SampleBatch(Record):
+    """One policy's Samples of one group, sent together: what streams writes to `samples.<policy>`
+    (one record per group and policy instead of one per Sample: each record costs the streams
+    worker a pass through Faust's produce path and the trainer a message). `items` are encoded
+    Sample records, each checked on its own by the trainer, so one bad Sample is dead-lettered
+    alone. A group too big for one record is split into several (`astraflow.records.sample_batches`)."""
+
+    TYPE: ClassVar[str] = "SampleBatch"
+
+    group_id: str = wire(Str())
+    policy: str = wire(NAME)
+    items: list[bytes] = wire(BytesList())
+
+    def _check(self, known_policies: frozenset[str] | None) -> None:
+        _check_policy("policy", self.policy, known_policies)
+
+
+@dataclass(eq=False)
 class WeightVersion(Record):
     """A new version of one policy's weights in the weight store. Weights never travel in Kafka:
     only their URIs and checksums do."""
@@ -370,5 +388,6 @@ class DeadLetter(Record):
 
 
 RECORD_TYPES: dict[str, type[Record]] = {
-    cls.TYPE: cls for cls in (Task, Trajectory, TrajectoryBatch, Sample, WeightVersion, TaskStats, Metric, DeadLetter)
+    cls.TYPE: cls for cls in (Task, Trajectory, TrajectoryBatch, Sample, SampleBatch, WeightVersion, TaskStats, Metric,
+                              DeadLetter)
 }

@@ -30,7 +30,7 @@ from typing import Any
 
 from astraflow.config import KafkaSettings
 from astraflow.kafka import read_to_end
-from astraflow.records import Sample, Task, TaskStats, Trajectory, TrajectoryBatch
+from astraflow.records import Sample, SampleBatch, Task, TaskStats, Trajectory, TrajectoryBatch
 from astraflow.topics import TASK_STATS, TASKS, TRAJECTORIES, samples
 
 WAITING = ("at_trainer", "in_streams", "not_rolled_out")
@@ -169,7 +169,7 @@ def build(run_dir: Path, settings: KafkaSettings, policies: list[str], timeout: 
                 pl.stale.update(entry["groups"])
         pl.stale -= set(pl.trained)  # a group of a discarded batch retrained later was trained
         sampled = {rec.group_id for _, rec in read_to_end(settings, samples(policy), timeout)
-                   if isinstance(rec, Sample)}
+                   if isinstance(rec, (Sample, SampleBatch))}
         pl.never_fed = {g for g in [*pl.trained, *pl.stale] if g not in fed}
         for task_id, groups in tasks_of.items():
             open_groups = [g for g in groups if g not in pl.trained and g not in pl.stale]

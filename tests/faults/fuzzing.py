@@ -15,6 +15,7 @@ from astraflow.records import (
     Record,
     RecordError,
     Sample,
+    SampleBatch,
     Task,
     Trajectory,
     TrajectoryBatch,
@@ -57,7 +58,7 @@ class Consumer:
     refuse: Callable[[bytes | None, bytes | None], str | None]
 
 
-def decoder(cls: type[Record]) -> Callable[[bytes | None, bytes | None], str | None]:
+def decoder(cls: type[Record] | tuple[type[Record], ...]) -> Callable[[bytes | None, bytes | None], str | None]:
     """What the trainer does (decode_or_deadletter: a null value decodes as b"")."""
 
     def refuse(value: bytes | None, _key: bytes | None) -> str | None:
@@ -99,7 +100,7 @@ def consumers(recipe: Recipe) -> tuple[Consumer, ...]:
     return (
         Consumer("worker", TASKS, Task, worker_check(recipe)),
         Consumer("streams", TRAJECTORIES, Trajectory, streams_validate),
-        Consumer("trainer", samples(POLICY), Sample, decoder(Sample)),
+        Consumer("trainer", samples(POLICY), Sample, decoder((Sample, SampleBatch))),  # streams sends batches
     )
 
 

@@ -11,6 +11,7 @@ from astraflow.records import (
     DeadLetter,
     Metric,
     Sample,
+    SampleBatch,
     Task,
     TaskStats,
     Trajectory,
@@ -130,7 +131,14 @@ def trajectory_batches(draw: st.DrawFn) -> TrajectoryBatch:
     return TrajectoryBatch(group_id=draw(ids), items=items)
 
 
+@st.composite
+def sample_batches(draw: st.DrawFn) -> SampleBatch:
+    items = draw(st.lists(samples().map(encode) | st.binary(min_size=0, max_size=50), min_size=1, max_size=4))
+    return SampleBatch(group_id=draw(ids), policy=draw(names), items=items)
+
+
 ALL = {
-    "Task": tasks(), "Trajectory": trajectories(), "TrajectoryBatch": trajectory_batches(), "Sample": samples(), "WeightVersion": weight_versions(),
-    "TaskStats": task_stats(), "Metric": metrics(), "DeadLetter": dead_letters(),
+    "Task": tasks(), "Trajectory": trajectories(), "TrajectoryBatch": trajectory_batches(), "Sample": samples(),
+    "SampleBatch": sample_batches(), "WeightVersion": weight_versions(), "TaskStats": task_stats(), "Metric": metrics(),
+    "DeadLetter": dead_letters(),
 }

@@ -291,3 +291,23 @@ def test_a_bad_element_is_found_wherever_it_is(n: int, kind: Array, bad: float, 
         with pytest.raises(RecordError) as info:
             kind.check("f", values.astype(kind.dtype) if np.isfinite(bad) else values.astype(np.float32))
         assert info.value.field == "f" and words.format(i=i) in str(info.value), (n, i, str(info.value))
+
+
+def test_sample_batches_are_per_group_and_policy_and_split_at_the_byte_limit() -> None:
+    from astraflow.records import SampleBatch, sample_batches, samples_of
+
+    def sample(gid: str, policy: str, i: int) -> Sample:
+        return Sample(policy=policy, traj_id=f"{gid}#{i}", group_id=gid, task_id="t", env="arith",
+                      tokens=np.arange(40, dtype=np.int32), loss_mask=np.ones(40, np.uint8),
+                      logprobs=np.full(40, -0.5, np.float32), versions=np.zeros(40, np.int32),
+                      advantages=np.ones(40, np.float32), group_size=3, group_samples=3)
+
+    samples = [sample(g, p, i) for g in ("a#0", "b#0") for p in ("solver", "verifier") for i in range(3)]
+    out = sample_batches(samples, 1 << 20)
+    assert [(b.group_id, b.policy, len(b.items)) for b in out] == [
+        ("a#0", "solver", 3), ("a#0", "verifier", 3), ("b#0", "solver", 3), ("b#0", "verifier", 3)]
+    size = len(encode(samples[0]))
+    split = sample_batches(samples[:3], 2 * size)  # room for two a record
+    assert [len(b.items) for b in split] == [2, 1]
+    back = [s.traj_id for b in split for s in samples_of(decode(encode(b), SampleBatch))]
+    assert back == ["a#0#0", "a#0#1", "a#0#2"]

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from astraflow.config import KafkaSettings
-from astraflow.records import Record, decode, encode
+from astraflow.records import Record, SampleBatch, decode, encode, samples_of
 from tests.conftest import subprocess_env
 from tests.kafka_helpers import read_messages
 
@@ -124,8 +124,19 @@ class StreamsHarness:
         until = None if expect is None else (lambda m: len(m) >= expect)
         return read_messages(self.kafka, topic, until=until, timeout=timeout, settle=settle)
 
-    def records(self, topic: str, **kw: Any) -> list[Any]:
-        return [decode(m.value()) for m in self.read(topic, **kw)]
+    def records(self, topic: str, *, expect: int | None = None, timeout: float = 60.0,
+                settle: float = 3.0) -> list[Any]:
+        """The decoded records of a topic, a SampleBatch's Samples opened (streams sends a group's
+        Samples for a policy as one record); `expect` counts them opened."""
+        def opened(msgs: list[Any]) -> list[Any]:
+            out: list[Any] = []
+            for m in msgs:
+                record = decode(m.value())
+                out += samples_of(record) if isinstance(record, SampleBatch) else [record]
+            return out
+
+        until = None if expect is None else (lambda msgs: len(opened(msgs)) >= expect)
+        return opened(read_messages(self.kafka, topic, until=until, timeout=timeout, settle=settle))
 
     def last_metrics(self, instance: str, timeout: float = 30.0, until: Any = None) -> dict[str, float]:
         """The values of the newest Metric of one worker instance (optionally: wait until `until(values)`)."""
