@@ -13,7 +13,7 @@ offset and reason: a bad record whole, a bad trajectory of a good batch alone (w
 from __future__ import annotations
 
 from astraflow.errors import RecordError
-from astraflow.records import Trajectory, TrajectoryBatch, decode, group_id, traj_id
+from astraflow.records import Trajectory, TrajectoryBatch, batch_items, decode, group_id, traj_id
 from streams.api import Stage
 
 #: One trajectory of a record: its bytes, and the checked Trajectory or why it was refused.
@@ -43,17 +43,7 @@ class Validate(Stage):
         if isinstance(record, Trajectory):
             return [(raw, self._check(record, key))]
         self._check_key(key, record.group_id, "TrajectoryBatch")
-        items: list[Item] = []
-        for i, body in enumerate(record.items):
-            try:
-                traj = self._check(decode(body, Trajectory, policies), None, item=True)
-                if traj.group_id != record.group_id:
-                    raise RecordError("group_id", f"{traj.group_id!r} is not the batch's {record.group_id!r}",
-                                      "Trajectory")
-                items.append((body, traj))
-            except RecordError as exc:
-                items.append((body, RecordError(f"items[{i}]", str(exc), "TrajectoryBatch")))
-        return items
+        return batch_items(record, Trajectory, policies, lambda traj: self._check(traj, None, item=True))
 
     def _check(self, traj: Trajectory, key: bytes | None, item: bool = False) -> Trajectory:
         """The checks beyond the codec's (a batch's item has no key of its own: the batch's was checked)."""

@@ -20,7 +20,7 @@ from astraflow.config.kafka import KafkaSettings
 from astraflow.deadletters import DeadLetters, decode_or_deadletter
 from astraflow.errors import RecordError
 from astraflow.kafka import TopicReader, partitions_of
-from astraflow.records import Sample, SampleBatch, decode
+from astraflow.records import Sample, SampleBatch, batch_items
 from trainer import retention
 from trainer.batching import BadSample, GroupBuffer
 
@@ -92,19 +92,12 @@ class SampleIntake:
         if isinstance(record, Sample):
             self._add(msg, record, msg.value() or b"")
             return
-        for i, item in enumerate(record.items):
-            try:
-                sample = decode(item, Sample, self.policies)
-                for name in ("group_id", "policy"):
-                    if getattr(sample, name) != getattr(record, name):
-                        raise RecordError(name, f"{getattr(sample, name)!r} is not the batch's "
-                                          f"{getattr(record, name)!r}", "Sample")
-            except RecordError as exc:
+        for raw, sample in batch_items(record, Sample, self.policies):
+            if isinstance(sample, RecordError):
                 self.buffer.consumed(msg.partition(), msg.offset())
-                self.dead.publish(msg.topic(), msg.partition(), msg.offset(), msg.key(), item,
-                                  f"SampleBatch.items[{i}]: {exc}")
-                continue
-            self._add(msg, sample, item)
+                self.dead.publish(msg.topic(), msg.partition(), msg.offset(), msg.key(), raw, str(sample))
+            else:
+                self._add(msg, sample, raw)
 
     def _add(self, msg: Any, sample: Sample, raw: bytes) -> None:
         try:

@@ -8,6 +8,7 @@
 from astraflow.errors import RecordError
 from astraflow.records.codec import (
     SCHEMA_VERSION,
+    batch_items,
     batches,
     decode,
     encode,
@@ -36,5 +37,5 @@ from astraflow.records.types import (
 __all__ = [
     "DTYPES", "FINISH_REASONS", "RECORD_TYPES", "SCHEMA_VERSION", "DeadLetter", "Metric", "Record",
     "RecordError", "Sample", "SampleBatch", "Task", "TaskStats", "Trajectory", "TrajectoryBatch", "WeightVersion",
-    "batches", "decode", "encode", "group_id", "sample_batches", "samples_of", "traj_id", "trajectories_of",
+    "batch_items", "batches", "decode", "encode", "group_id", "sample_batches", "samples_of", "traj_id", "trajectories_of",
 ]

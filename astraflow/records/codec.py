@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import struct
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import msgpack
@@ -147,6 +148,28 @@ def trajectories_of(record: Record) -> list[Trajectory]:
     """The trajectories a record of `trajectories` carries: itself, or a batch's items (for reports
     and benches: an item that does not decode is left out; streams dead-letters it)."""
     return _opened(record, Trajectory, TrajectoryBatch)
+
+
+def batch_items(batch: TrajectoryBatch | SampleBatch, cls: type[R], known_policies: frozenset[str] | None,
+                check: Callable[[R], R] | None = None) -> list[tuple[bytes, R | RecordError]]:
+    """Each item of a batch with what it decodes to as `cls` (after `check`, if given), or why it
+    cannot be used: a RecordError naming `<batch type>.items[i]`. An item must carry the batch's
+    group_id (and, in a SampleBatch, its policy). Streams and the trainer take a batch's items so."""
+    same = ("group_id", "policy") if isinstance(batch, SampleBatch) else ("group_id",)
+    out: list[tuple[bytes, R | RecordError]] = []
+    for i, body in enumerate(batch.items):
+        try:
+            item = decode(body, cls, known_policies)
+            if check is not None:
+                item = check(item)
+            for name in same:
+                if getattr(item, name) != getattr(batch, name):
+                    raise RecordError(name, f"{getattr(item, name)!r} is not the batch's {getattr(batch, name)!r}",
+                                      cls.TYPE)
+            out.append((body, item))
+        except RecordError as exc:
+            out.append((body, RecordError(f"items[{i}]", str(exc), batch.TYPE)))
+    return out
 
 
 def _opened(record: Record, single: type[R], batch: type[Record]) -> list[R]:
