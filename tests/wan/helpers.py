@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from astraflow import broker
+from astraflow.config import KafkaSettings
 from astraflow.net.linkproxy import read_stats
 from astraflow.net.regions import Region
 from tests.conftest import subprocess_env
+from tests.kafka_helpers import read_topic
 
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
 
@@ -92,3 +94,13 @@ def worker_metrics(run_dir: Path, worker_id: str) -> list[dict[str, Any]]:
         return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [r for r in rows if r.get("component") == "worker" and worker_id in str(r.get("id"))]
+
+
+def reports_after(settings: KafkaSettings, worker_id: str, since: float, timeout: float) -> list[dict[str, Any]]:
+    """A worker's metric reports sent after `since` (wall clock), read from the `metrics` topic itself:
+    at least one, unless none came within `timeout`."""
+    def mine(records: list[Any]) -> list[dict[str, Any]]:
+        return [{"time": r.time, "values": r.values} for r in records
+                if r.component == "worker" and worker_id in r.id and r.time > since]
+
+    return mine(read_topic(settings, "metrics", until=lambda rs: bool(mine(rs)), timeout=timeout))

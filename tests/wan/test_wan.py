@@ -10,15 +10,17 @@ it fails saying why (CI runs as root).
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from astraflow.config import KafkaSettings
 from astraflow.net.linkproxy import Link
 from astraflow.net.regions import NetnsError, Region
 from tests.e2e.helpers import finish, recipe_copy, start_run, summary, wait_for
-from tests.wan.helpers import TINY, wan_site, worker_metrics
+from tests.wan.helpers import TINY, reports_after, wan_site, worker_metrics
 
 pytestmark = [pytest.mark.wan, pytest.mark.e2e, pytest.mark.slow]
 
@@ -46,6 +48,7 @@ def test_a_regions_workers_train_a_recipe_across_a_slow_link(tmp_path: Path) -> 
                          "the run to start")
                 worker = site.start_worker(recipe, run_dir, namespace, "eu-0", tmp_path / "worker-eu.log")
                 out = finish(proc, 420)
+                ended = time.time()
             finally:
                 if proc.poll() is None:
                     proc.kill()
@@ -56,8 +59,13 @@ def test_a_regions_workers_train_a_recipe_across_a_slow_link(tmp_path: Path) -> 
 
             rows = worker_metrics(run_dir, "eu-0")
             assert rows and {r["region"] for r in rows} == {"eu"}, rows[-3:]
-            applied = max(r["values"].get("worker.weights_applied", 0) for r in rows)
-            assert applied >= 2, f"the region's worker applied {applied} weight versions: {rows[-1]}"
+            # The worker reports every 5 s and the run's collector stops with the run, so its rows may
+            # all predate the worker's weight updates: read the worker's first report after the run.
+            later = reports_after(KafkaSettings(bootstrap=site.bootstrap, namespace=namespace), "eu-0",
+                                  ended, timeout=60)
+            assert later, "the region's worker sent no metrics in the 60 s after the run"
+            applied = later[-1]["values"].get("worker.weights_applied", 0)
+            assert applied >= 2, f"the region's worker applied {applied} weight versions: {later[-1]}"
 
             moved = site.link_bytes()
             # Kafka: tasks and weight events came down, trajectories went up, all through the proxy
