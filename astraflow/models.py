@@ -56,7 +56,7 @@ def build_tokenizer(spec: TokenizerSpec | None = None) -> PreTrainedTokenizerFas
     from transformers import PreTrainedTokenizerFast
 
     spec = spec or TokenizerSpec()
-    alphabet = list(dict.fromkeys(BASE_ALPHABET + spec.extra_chars))
+    alphabet = list(dict.fromkeys((BASE_ALPHABET if spec.alphabet is None else spec.alphabet) + spec.extra_chars))
     too_wide = [c for c in alphabet if len(c.encode()) != 1]
     if too_wide:
         raise ValueError(f"tokenizer.extra_chars must be single-byte (ASCII) characters, got {too_wide}")

@@ -13,8 +13,11 @@ class TokenizerSpec(StrictModel):
     """The project's own tokenizer (nothing is downloaded)."""
 
     type: Literal["chars"] = "chars"
-    """`chars`: one token per character of a fixed alphabet (digits, ASCII letters, punctuation,
-    space, newline) plus <pad>, <bos>, <eos>, <unk>."""
+    """`chars`: one token per character of the alphabet plus <pad>, <bos>, <eos>, <unk>."""
+    alphabet: str | None = Field(default=None, min_length=1)
+    """The characters of the vocabulary, in order; default: digits, ASCII letters, punctuation,
+    space and newline (98). A task's own small alphabet shrinks what an untrained policy samples
+    from: with 4 message symbols instead of 98 a useful token is drawn ~25x more often."""
     extra_chars: str = ""
     """Characters to add to the alphabet (for environments that need more)."""
 

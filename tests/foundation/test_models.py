@@ -47,6 +47,21 @@ def test_out_of_alphabet_characters_become_unk_not_nothing() -> None:
         build_tokenizer(TokenizerSpec(extra_chars="é"))
 
 
+def test_a_recipes_own_alphabet_is_the_whole_vocabulary(tmp_path: Path) -> None:
+    from astraflow.config import TokenizerSpec
+    from workers.envs.base import Codec
+
+    spec = ModelSpec(tokenizer=TokenizerSpec(alphabet="ABCD>|:"), **TINY)
+    path = init_checkpoint(spec, tmp_path / "ck")
+    for tok in (AutoTokenizer.from_pretrained(path), build_tokenizer(spec.tokenizer)):
+        assert len(tok) == 4 + 7  # <pad> <bos> <eos> <unk> and the seven characters
+        assert tok("AC>C:").input_ids == tok("A").input_ids + tok("C>C:").input_ids
+        assert len(tok("AC|B:").input_ids) == 5 and tok.decode(tok("AC|B:").input_ids) == "AC|B:"
+    assert AutoModelForCausalLM.from_pretrained(path).config.vocab_size == 11
+    with pytest.raises(ValueError, match=r"\['E'\] are not in the tokenizer's vocabulary"):
+        Codec(build_tokenizer(spec.tokenizer)).ids("AE")  # an environment's text outside the alphabet
+
+
 def test_same_spec_same_weights_and_seed_matters() -> None:
     a, b = build_model(ModelSpec(**TINY)), build_model(ModelSpec(**TINY))
     c = build_model(ModelSpec(seed=1, **TINY))
