@@ -166,8 +166,12 @@ class Engine:
         return cfg.lr * (cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * left)
 
     def entropy_coef_at(self, step: int) -> float:
-        """Entropy-bonus weight of 1-based step `step` (linear decay, 0 after entropy_decay_steps steps)."""
+        """Entropy-bonus weight of 1-based step `step`: with entropy_target the adaptive weight (kept in
+        the optimiser's param group, so checkpoints carry it), else entropy_coef, decayed linearly to
+        0 after entropy_decay_steps steps if set."""
         loss = self.cfg.loss
+        if loss.entropy_target is not None:
+            return float(self.optimizer.param_groups[0].get("entropy_coef", loss.entropy_coef))
         if loss.entropy_decay_steps is None:
             return loss.entropy_coef
         return loss.entropy_coef * max(0.0, 1.0 - (step - 1) / loss.entropy_decay_steps)
@@ -248,6 +252,11 @@ class Engine:
                "grad_norm": float(norm), "lr": lr, "entropy_coef": settings.entropy_coef,
                "loss_tokens": total["tokens"], "step_s": elapsed,
                "outside_support": total["outside"] / max(total["tokens"] + total["outside"], 1.0)}
+        target = self.cfg.loss.entropy_target
+        if target is not None and total["tokens"] > 0:  # every rank holds the same batch-wide entropy
+            coef = max(0.0, settings.entropy_coef + self.cfg.loss.entropy_adapt_rate * (target - out["entropy"]))
+            for group in self.optimizer.param_groups:
+                group["entropy_coef"] = coef
         if self.ref_model is not None:
             out["kl_ref"] = total["kl_ref"] / tokens
             out["loss.kl"] = total["loss.kl"]

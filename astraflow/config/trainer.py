@@ -61,6 +61,14 @@ class LossConfig(StrictModel):
     entropy_decay_steps: int | None = Field(default=None, ge=1)
     """Decay the entropy bonus linearly from entropy_coef at step 1 to 0 after this many steps:
     exploration early, no push away from a converged policy late."""
+    entropy_target: float | None = Field(default=None, gt=0)
+    """Entropy control: the bonus's weight follows the policy's entropy (nats per trained token) to
+    keep it near this. After each step the weight changes by entropy_adapt_rate x (target - entropy),
+    never below 0, starting from entropy_coef: a policy above the target gets no bonus, one falling
+    below gets more and more, so it never turns fully deterministic (a game it loses in every try of
+    a group would give it no gradient again). Not with entropy_decay_steps."""
+    entropy_adapt_rate: float = Field(default=0.01, gt=0)
+    """How fast the entropy bonus's weight follows entropy_target (weight per nat of gap per step)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -82,6 +90,9 @@ class LossConfig(StrictModel):
     def _options_fit_the_loss(self) -> LossConfig:
         if self.aggregation == "constant" and self.norm_length is None:
             raise ValueError("aggregation: constant needs norm_length (Dr. GRPO's constant length)")
+        if self.entropy_target is not None and self.entropy_decay_steps is not None:
+            raise ValueError("entropy_target (an adaptive entropy bonus) and entropy_decay_steps (a schedule) "
+                             "both set the bonus's weight: set one")
         if self.policy_loss != "ppo":
             for key in ("dual_clip", "tis_cap"):
                 if getattr(self, key) is not None:

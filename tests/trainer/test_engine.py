@@ -5,6 +5,7 @@ end, padding never leaks into the loss, and every surrogate a recipe can name tr
 from __future__ import annotations
 
 import copy
+import json
 import math
 
 import pytest
@@ -162,6 +163,37 @@ def test_entropy_bonus_decays_to_nothing_at_entropy_decay_steps() -> None:
             torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-8)
     first, _ = grads_at(decaying, 1)
     assert any(not torch.allclose(first[k], got[k]) for k in got)  # the bonus did change the gradient
+
+
+def test_entropy_control_moves_the_bonus_toward_the_target_and_checkpoints_carry_it() -> None:
+    from trainer.checkpoint import optimizer_from_files, optimizer_to_files
+
+    rows = rows_of(1)
+    n_tok, n_seq = float(rows.mask.sum()), float(len(rows))
+    entropy = Engine(tiny_model(), TrainerConfig(), CPU).step(rows, 1, n_tok, n_seq)["entropy"]
+    assert entropy > 0.5
+    above = Engine(tiny_model(), TrainerConfig(loss=LossConfig(entropy_coef=0.02, entropy_target=entropy / 2,
+                                                               entropy_adapt_rate=0.01)), CPU)
+    below = Engine(tiny_model(), TrainerConfig(loss=LossConfig(entropy_coef=0.02, entropy_target=entropy + 1.0,
+                                                               entropy_adapt_rate=0.01)), CPU)
+    first = below.step(rows, 1, n_tok, n_seq)
+    assert first["entropy_coef"] == pytest.approx(0.02)  # the weight it started from
+    # below the target the weight grows by rate x gap; above it, it shrinks, and never below 0
+    assert below.entropy_coef_at(2) == pytest.approx(0.02 + 0.01 * (entropy + 1.0 - first["entropy"]), rel=1e-6)
+    coefs = []
+    for step in range(1, 5):
+        coefs.append(above.step(rows, step, n_tok, n_seq)["entropy_coef"])
+    assert coefs[0] == pytest.approx(0.02) and coefs[1] < coefs[0] and coefs[-1] == 0.0
+
+    # resumed from a checkpoint, the trainer goes on with the weight it had reached
+    tensors, meta = optimizer_to_files(below.optimizer.state_dict())
+    resumed = Engine(tiny_model(), below.cfg, CPU)
+    resumed.load_optimizer(optimizer_from_files(tensors, json.loads(json.dumps(meta))))
+    assert resumed.entropy_coef_at(2) == pytest.approx(below.entropy_coef_at(2))
+    assert resumed.entropy_coef_at(2) != pytest.approx(0.02)
+
+    with pytest.raises(ValueError, match="entropy_target .* and entropy_decay_steps"):
+        LossConfig(entropy_target=0.3, entropy_decay_steps=100)
 
 
 @pytest.mark.parametrize("loss", [
