@@ -26,6 +26,7 @@ import os
 import signal
 import socket
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,13 @@ def task_consumer_overrides(worker_id: str) -> dict[str, Any]:
     return {"partition.assignment.strategy": "cooperative-sticky", "client.id": worker_id}
 
 
+
+def sampler_seed(worker_id: str, policy: str) -> int:
+    """The seed of one policy's sampler in one worker: stable across processes (not Python's salted
+    `hash`) and different for each policy, so two policies of a worker never draw with the same
+    random numbers unless a workflow asks for it (SamplingParams.seed)."""
+    return zlib.crc32(f"{worker_id}/{policy}".encode()) % 1_000_000
+
 class Worker:
     def __init__(self, recipe: Recipe, run_dir: Path, settings: KafkaSettings, worker_id: str | None = None,
                  region: str | None = None) -> None:
@@ -109,9 +117,9 @@ class Worker:
             raise ConfigError("every policy of one worker must share one tokenizer (token-in, token-out)")
         self.codec = Codec(next(iter(tokenizers.values())))
         self.runtime = Runtime(self.recipe, self.codec)
-        seed = abs(hash(self.worker_id)) % 1_000_000
         for p, path in paths.items():
-            self.engines[p] = build_engine(self.cfg.engine, p, str(path), seed=seed, version=0)
+            self.engines[p] = build_engine(self.cfg.engine, p, str(path), seed=sampler_seed(self.worker_id, p),
+                                           version=0)
 
     async def run(self) -> None:
         """Serve tasks until SIGTERM/SIGINT (or `stop()`)."""

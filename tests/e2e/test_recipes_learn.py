@@ -61,3 +61,45 @@ def test_referential_game_speaker_and_listener_learn_to_communicate(tmp_path: Pa
         # last tenth of 0.83); most of it must still be there at the end.
         success = policy["success"]
         assert success["best_tenth"] >= 0.9 and success["last_tenth"] >= 0.7, (role, success)
+    # The recipe samples with common randomness (shared_randomness: speaker and listener draw with one
+    # seed); the protocol itself must not need it: the final pair, playing every game greedily.
+    assert play_greedily(tmp_path / "referential_game") >= 0.9
+
+
+def play_greedily(run_dir: Path) -> float:
+    """Success of the run's last speaker and listener checkpoints over every game of the recipe's
+    symbols (ordered candidate pairs x targets), each turn its arg-max token."""
+    import itertools
+    import random
+
+    import torch
+
+    from astraflow.models import load_model
+    from astraflow.records import Task
+    from trainer.checkpoint import latest_checkpoint
+    from workers.envs.base import Codec, load_tokenizer
+    from workers.envs.referential import ReferentialEnv
+
+    paths = {p: latest_checkpoint(run_dir / "trainer" / p / "checkpoints") for p in ("speaker", "listener")}
+    assert all(paths.values()), paths
+    codec = Codec(load_tokenizer(paths["speaker"]))
+    speaker, listener = (load_model(paths[p]).eval() for p in ("speaker", "listener"))
+
+    def argmax(model: torch.nn.Module, ids: list[int]) -> int:
+        with torch.no_grad():
+            return int(model(torch.tensor([ids])).logits[0, -1].argmax())
+
+    args = yaml.safe_load((REPO / "recipes" / "referential_game.yaml").read_text())["feeder"]["env_args"]
+    env = ReferentialEnv(**args)
+    wins = games = 0
+    for pair in itertools.permutations(args["symbols"], args["n_candidates"]):
+        for target in range(len(pair)):
+            task = Task(task_id="greedy", env=env.name, roles={"speaker": "speaker", "listener": "listener"},
+                        payload={"candidates": "".join(pair), "target": target})
+            state, seen = env.reset(task, codec, random.Random(0))
+            message = argmax(speaker, [codec.bos, *codec.ids(seen)])
+            before, after = env.listener_prompt(state)
+            choice = argmax(listener, [codec.bos, *codec.ids(before), message, *codec.ids(after)])
+            wins += env.success(state, [choice], codec)
+            games += 1
+    return wins / games

@@ -100,3 +100,36 @@ def test_training_settings_refuse_greedy() -> None:
     with pytest.raises(ValueError, match="greedy"):
         SamplingSettings(temperature=0.0)
     assert not SamplingSettings().truncated and SamplingSettings(top_k=3).truncated
+
+
+
+def test_a_seeded_draw_follows_the_distribution_and_never_takes_an_excluded_token() -> None:
+    from workers.engines.sampling import sample_seeded, seeded_noise
+
+    lp = sampling_logprobs(torch.tensor([2.0, 0.0, 1.0, -1.0, 3.0, 0.5]), 1.0, 0.9)  # top-p drops some tokens
+    probs = lp.exp()
+    counts = torch.zeros(6)
+    n = 20_000
+    for i in range(n):
+        token, logp = sample_seeded(lp, seeded_noise(7, i, 6))
+        assert logp == float(lp[token]) and math.isfinite(logp)
+        counts[token] += 1
+    assert torch.allclose(counts / n, probs, atol=0.015)  # ~4 standard errors at p = 0.5
+    assert torch.equal(seeded_noise(7, 3, 6), seeded_noise(7, 3, 6))  # one seed and index, one draw
+    assert not torch.equal(seeded_noise(7, 3, 6), seeded_noise(8, 3, 6))
+    assert not torch.equal(seeded_noise(7, 3, 6), seeded_noise(7, 4, 6))
+
+
+def test_one_seed_draws_the_same_token_from_similar_distributions() -> None:
+    """What common randomness gives two cooperating policies: with a shared seed, two similar
+    distributions agree on most draws; with their own seeds, only as often as chance."""
+    from workers.engines.sampling import sample_seeded, seeded_noise
+
+    a = torch.log_softmax(torch.randn(20, generator=torch.Generator().manual_seed(1)), -1)
+    b = torch.log_softmax(a + 0.3 * torch.randn(20, generator=torch.Generator().manual_seed(2)), -1)
+    shared = sum(sample_seeded(a, seeded_noise(s, 0, 20))[0] == sample_seeded(b, seeded_noise(s, 0, 20))[0]
+                 for s in range(2000))
+    own = sum(sample_seeded(a, seeded_noise(s, 0, 20))[0] == sample_seeded(b, seeded_noise(s + 10**6, 0, 20))[0]
+              for s in range(2000))
+    chance = float((a.exp() * b.exp()).sum())
+    assert shared / 2000 > 0.7 > 2 * chance and abs(own / 2000 - chance) < 0.05

@@ -169,6 +169,8 @@ def test_truncated_sampling_is_refused() -> None:
         for params in (SamplingParams(top_p=0.9), SamplingParams(top_k=5)):
             with pytest.raises(SGLangError, match="top_p"):
                 await engine.generate([1, 2], params)
+        with pytest.raises(SGLangError, match="per-request seed"):  # common randomness: torch engine only
+            await engine.generate([1, 2], SamplingParams(seed=7))
         assert fake.calls == []
         await engine.close()
         await runner.cleanup()

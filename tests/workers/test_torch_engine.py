@@ -176,3 +176,30 @@ def test_bfloat16_runs(tiny_checkpoint: Path) -> None:
         await engine.close()
 
     asyncio.run(main())
+
+
+def test_a_seeded_request_draws_the_same_tokens_in_any_batch(tiny_checkpoint: Path) -> None:
+    """SamplingParams.seed: the draws depend on the seed alone, not on the batch the request shares,
+    the engine's own stream or another engine; log-probs stay exact."""
+    prompt = [1, 5, 6, 7]
+    seeded = SamplingParams(temperature=1.0, max_tokens=12, seed=42)
+
+    async def alone(engine_seed: int) -> list[int]:
+        engine = TorchEngine("p", str(tiny_checkpoint), seed=engine_seed)
+        r = await engine.generate(prompt, seeded)
+        await engine.close()
+        return r.tokens
+
+    async def in_a_batch() -> tuple[list[int], list[list[int]]]:
+        engine = TorchEngine("p", str(tiny_checkpoint), seed=9)
+        others = [engine.generate([1, 8 + i, 9], SamplingParams(temperature=1.0, max_tokens=12)) for i in range(5)]
+        results = await asyncio.gather(*others[:3], engine.generate(prompt, seeded), *others[3:])
+        ref = teacher_forced(engine, prompt, results[3].tokens, 1.0, 1.0)
+        assert (ref - torch.tensor(results[3].logprobs)).abs().max().item() <= 1e-4
+        await engine.close()
+        return results[3].tokens, [r.tokens for r in results]
+
+    first, second = asyncio.run(alone(0)), asyncio.run(alone(123))
+    batched, all_rows = asyncio.run(in_a_batch())
+    assert first == second == batched and len(first) == 12
+    assert len({tuple(t) for t in all_rows}) > 1  # the unseeded rows drew their own tokens

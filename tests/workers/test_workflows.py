@@ -4,6 +4,9 @@ trajectories an episode becomes (deterministic ids, error episodes)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,7 @@ class Scripted:
     def __init__(self, policy: str, codec: Any, replies: list[str], version: int = 0) -> None:
         self.policy, self.codec, self.replies, self._version = policy, codec, list(replies), version
         self.prompts: list[list[int]] = []
+        self.params: list[SamplingParams] = []
 
     @property
     def version(self) -> int:
@@ -32,6 +36,7 @@ class Scripted:
 
     async def generate(self, prompt: Sequence[int], params: SamplingParams) -> GenResult:
         self.prompts.append(list(prompt))
+        self.params.append(params)
         ids = self.codec.ids(self.replies.pop(0))[: params.max_tokens]
         return GenResult(ids, [-0.5] * len(ids), [self._version] * len(ids), "stop")
 
@@ -88,6 +93,34 @@ def test_referential_game_keeps_views_apart(codec: Any) -> None:
     assert said.rewards == {"S": 1.0} and heard.rewards == {"L": 1.0}
     assert [said.sample_index, heard.sample_index] == [2, 3] and said.group_size == 6
     assert [said.traj_id, heard.traj_id] == ["r#0#2", "r#0#3"]
+
+
+def test_referential_shared_randomness_gives_both_turns_one_seed_per_episode(codec: Any) -> None:
+    task = Task(task_id="r", env="referential_game", roles={"speaker": "S", "listener": "L"}, group_size=3,
+                payload={"candidates": "AB", "target": 0})
+    seeds = []
+    for shared in (True, False):
+        recipe = make_recipe(policies=[{"name": "S"}, {"name": "L"}],
+                             feeder={"env": "referential_game", "env_args": {"shared_randomness": shared}})
+        for k in (0, 1, 1):
+            s, li = Scripted("S", codec, ["q"]), Scripted("L", codec, ["A"])
+            episode(recipe, codec, task, {"S": s, "L": li}, k=k)
+            assert s.params[0].seed == li.params[0].seed  # the speaker's and the listener's turn share it
+            seeds.append(s.params[0].seed)
+    # one seed per episode, the same when the episode is replayed, none unless asked for
+    assert seeds[0] is not None and seeds[0] != seeds[1] == seeds[2] and seeds[3:] == [None] * 3
+
+
+def test_one_workers_policies_sample_with_their_own_stable_seeds() -> None:
+    from workers.worker import sampler_seed
+
+    assert sampler_seed("worker-0", "speaker") != sampler_seed("worker-0", "listener")
+    assert sampler_seed("worker-0", "speaker") != sampler_seed("worker-1", "speaker")
+    # the same in another process with another hash salt (Python's str hash is salted per process)
+    code = "from workers.worker import sampler_seed; print(sampler_seed('worker-0', 'speaker'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONHASHSEED": "123"}).stdout
+    assert int(out) == sampler_seed("worker-0", "speaker")
 
 
 def test_failing_episode_yields_error_trajectories(codec: Any) -> None:

@@ -24,6 +24,11 @@ class SamplingParams:
     max_tokens: int = 16
     stop_token_ids: tuple[int, ...] = ()
     top_k: int = 0  # 0: no top-k (see astraflow/sampling.py for the distribution these define)
+    seed: int | None = None
+    """A per-request seed (torch engine): the request's draws then depend on it alone, not on the
+    batch it shares or the engine's stream (Gumbel-max with the seed's noise,
+    `workers.engines.sampling.sample_seeded`). Requests given one seed share their noise: common
+    randomness for cooperating policies."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -90,6 +90,9 @@ class SGLangEngine:
         if params.top_p < 1.0 or params.top_k > 0:
             raise SGLangError(f"the sglang engine cannot sample with top_p {params.top_p} / top_k {params.top_k}: "
                               "SGLang returns log-probs without their renormalisation (see the module docstring)")
+        if params.seed is not None:
+            raise SGLangError("the sglang engine cannot sample with a per-request seed shared by several requests "
+                              "(common randomness, e.g. referential_game's shared_randomness): use the torch engine")
         body = {
             "input_ids": [int(t) for t in prompt],
             "sampling_params": {

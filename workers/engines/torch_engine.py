@@ -33,7 +33,7 @@ import torch
 from astraflow.errors import AstraFlowError
 from astraflow.sampling import sampling_logprobs
 from workers.engines.base import GenResult, SamplingParams
-from workers.engines.sampling import sample
+from workers.engines.sampling import sample, sample_seeded, seeded_noise
 
 log = logging.getLogger(__name__)
 
@@ -268,6 +268,11 @@ class TorchEngine:
             logp = sampling_logprobs(wave.logits, wave.temps, wave.tops, wave.topks)
             tokens, lps = sample(logp, self.generator)
             tok_list, lp_list = tokens.tolist(), lps.tolist()
+            for i, r in enumerate(wave.rows):
+                if r.params.seed is not None:  # its own random numbers, whatever batch it is in
+                    noise = seeded_noise(r.params.seed, len(r.result.tokens), logp.shape[-1])
+                    tok_list[i], lp_list[i] = sample_seeded(logp[i], noise)
+                    tokens[i] = tok_list[i]
             keep: list[int] = []
             for i, r in enumerate(wave.rows):
                 res = r.result

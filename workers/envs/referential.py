@@ -34,6 +34,13 @@ class ReferentialEnv(Environment):
         """Tokens in the speaker's message."""
         pool_size: int = Field(default=64, ge=1, le=100000)
         """Distinct games the generator cycles through."""
+        shared_randomness: bool = False
+        """Speaker and listener sample an episode with the same random numbers (one seed per episode,
+        torch engine). Two untrained policies then tend to draw the same symbol, so the game's first
+        wins are the speaker naming the target and the listener picking what it heard: common
+        randomness breaks the symmetry between the many codes. Without it the listener settles on
+        the 50% a candidate chosen without listening gives before any message means anything. The
+        trained protocol does not use it (near-deterministic policies; tests play it greedily)."""
 
     def tasks(self, seed: int) -> Iterator[tuple[TaskSpec, int]]:
         a = self.args

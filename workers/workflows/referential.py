@@ -25,15 +25,18 @@ class ReferentialWorkflow(Workflow):
         listener = ctx.policy("listener", self.roles)
         codec, env = ctx.codec, ctx.env
         state, observation = env.reset(ctx.task, codec, ctx.rng)
+        shared = getattr(env.args, "shared_randomness", False)
+        seed = ctx.rng.getrandbits(62) if shared else None  # one per episode, from the episode's own rng
         said = View(policies=[speaker])
         said.add_env([codec.bos, *codec.ids(observation)])
-        message = await ctx.generate(said, speaker, **env.turn_params(state, codec))
+        message = await ctx.generate(said, speaker, **env.turn_params(state, codec), seed=seed)
         heard = View(policies=[listener])
         before, after = env.listener_prompt(state)  # type: ignore[attr-defined]
         heard.add_env([codec.bos, *codec.ids(before)])
         heard.add_env(message.tokens)
         heard.add_env(codec.ids(after))
-        choice = await ctx.generate(heard, listener, **env.listener_params(codec))  # type: ignore[attr-defined]
+        choice = await ctx.generate(heard, listener, **env.listener_params(codec),  # type: ignore[attr-defined]
+                                    seed=seed)
         reward = 1.0 if env.success(state, choice.tokens, codec) else 0.0  # type: ignore[attr-defined]
         said.rewards = {speaker: reward}
         heard.rewards = {listener: reward}

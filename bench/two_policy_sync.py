@@ -1,0 +1,137 @@
+"""A two-policy recipe played synchronously in one process, for seed sweeps in minutes, not hours.
+
+The same initial weights, torch engines, environment, workflow, GRPO advantages and trainer engine
+as `astraflow run`, without Kafka: each step generates the step's groups with weights `--lag` steps
+behind the trainers (the staleness an asynchronous run trains at), then takes one optimiser step
+per policy. Success is the first policy's mean reward, in tenths of the run as the run summary
+reports it. A seed sets what `bench.learning_seeds` sets; each policy's engine gets its own sampler
+seed, as each policy of a worker does.
+
+    python -m bench.two_policy_sync [--recipe recipes/referential_game.yaml] [--seeds 0-9] [--lag 1]
+        [--steps 300] [--set feeder.env_args.shared_randomness=false] [--policy-set listener:lr=1e-4]
+
+Prints one line per seed: learned (best tenth >= 0.9 and last >= 0.7, the e2e test's bar), the
+tenths, and each policy's entropy in the first, middle and last tenth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from astraflow.config import Recipe
+from astraflow.models import init_checkpoint, load_model
+from astraflow.sampling import SamplingSettings
+from bench.e2e_sync_vs_async import samples_of
+from bench.learning_seeds import seeded, set_key
+from bench.machine import describe
+from trainer.engine import Engine, collate
+from workers.engines.torch_engine import TorchEngine
+from workers.envs.base import Codec, load_tokenizer
+from workers.episodes import Runtime, run_episode
+from workers.feeder import generated_tasks
+from workers.worker import sampler_seed
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def tenths(values: list[float]) -> list[float]:
+    n = len(values)
+    return [float(np.mean(values[i * n // 10:(i + 1) * n // 10])) for i in range(10)]
+
+
+async def play(data: dict[str, Any], steps: int, lag: int, work: Path,
+               per_policy: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    recipe = Recipe.model_validate(data)
+    policies = recipe.policy_names
+    init = {p: init_checkpoint(recipe.model_for(p), work / p) for p in policies}
+    codec = Codec(load_tokenizer(init[policies[0]]))
+    runtime = Runtime(recipe, codec)
+    engines = {p: TorchEngine(p, str(init[p]), max_batch=recipe.worker.max_episodes * len(policies),
+                              seed=recipe.seed * 1_000_003 + sampler_seed("sync", p)) for p in policies}
+    trainers = {}
+    for p in policies:
+        cfg = recipe.trainer.model_dump()
+        for key, value in per_policy.get(p, {}).items():
+            cfg = set_key(cfg, key, value)
+        trainers[p] = Engine(load_model(init[p]), type(recipe.trainer).model_validate(cfg), torch.device("cpu"),
+                             pad_id=codec.pad, sampling=SamplingSettings.of(recipe.worker))
+    published: dict[str, deque[dict[str, torch.Tensor]]] = {p: deque() for p in policies}
+    tasks = generated_tasks(recipe)
+    success: list[float] = []
+    entropy: dict[str, list[float]] = {p: [] for p in policies}
+    for step in range(1, steps + 1):
+        batch = [next(tasks) for _ in range(recipe.trainer.batch_groups)]
+        results = await asyncio.gather(*(run_episode(runtime, t, k, engines, "sync", "local")
+                                         for t in batch for k in range(t.group_size)))
+        groups: dict[str, list[Any]] = {}
+        for trajs, _ in results:
+            for t in trajs:
+                groups.setdefault(t.group_id, []).append(t)
+        for i, p in enumerate(policies):
+            samples = [s for g in groups.values()
+                       for s in samples_of([t for t in g if p in t.rewards and t.policy_mask(p).any()], p)]
+            if i == 0:
+                success.append(float(np.mean([s.reward for s in samples])))
+            out = trainers[p].step(collate(samples, codec.pad), step, float(sum(s.loss_mask.sum() for s in samples)),
+                                   float(len(samples)))
+            entropy[p].append(out["entropy"])
+            trainers[p].serving_published = True
+            published[p].append({k: v.detach().to(torch.bfloat16) for k, v in trainers[p].model.state_dict().items()})
+            if len(published[p]) > lag:
+                await engines[p].update_weights(published[p].popleft(), step - lag)
+    for e in engines.values():
+        await e.close()
+    await runtime.close()
+    return {"tenths": tenths(success),
+            "entropy": {p: [round(tenths(v)[i], 2) for i in (0, 4, 9)] for p, v in entropy.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "referential_game.yaml")
+    parser.add_argument("--seeds", default="0-9", help="first-last")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--lag", type=int, default=1, help="steps the engines' weights trail the trainers'")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=YAML", help="recipe override")
+    parser.add_argument("--policy-set", action="append", default=[], metavar="POLICY:KEY=YAML",
+                        help="one policy's trainer override, e.g. listener:lr=1e-4")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    base = yaml.safe_load(args.recipe.read_text())
+    for item in args.set:
+        key, value = item.split("=", 1)
+        base = set_key(base, key, yaml.safe_load(value))
+    per_policy: dict[str, dict[str, Any]] = {}
+    for item in args.policy_set:
+        target, value = item.split("=", 1)
+        policy, key = target.split(":", 1)
+        per_policy.setdefault(policy, {})[key] = yaml.safe_load(value)
+    first, last = (int(x) for x in args.seeds.split("-"))
+    print(f"machine: {describe()}")
+    learned = 0
+    for seed in range(first, last + 1):
+        torch.manual_seed(seed)
+        start = time.time()
+        with tempfile.TemporaryDirectory() as tmp:
+            r = asyncio.run(play(seeded(base, seed), args.steps, args.lag, Path(tmp), per_policy))
+        best, end = max(r["tenths"]), r["tenths"][-1]
+        ok = best >= 0.9 and end >= 0.7
+        learned += ok
+        print(f"seed {seed}: {'learned' if ok else 'NOT learned'}, best tenth {best:.3f}, last {end:.3f} "
+              f"({time.time() - start:.0f} s); tenths {[round(x, 3) for x in r['tenths']]}; "
+              f"entropy first/middle/last tenth {r['entropy']}", flush=True)
+    print(f"learned in {learned} of {last - first + 1} seeds")
+
+
+if __name__ == "__main__":
+    main()
