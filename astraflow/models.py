@@ -59,7 +59,7 @@ def build_tokenizer(spec: TokenizerSpec | None = None) -> PreTrainedTokenizerFas
     alphabet = list(dict.fromkeys((BASE_ALPHABET if spec.alphabet is None else spec.alphabet) + spec.extra_chars))
     too_wide = [c for c in alphabet if len(c.encode()) != 1]
     if too_wide:
-        raise ValueError(f"tokenizer.extra_chars must be single-byte (ASCII) characters, got {too_wide}")
+        raise ValueError(f"tokenizer.alphabet and extra_chars must be single-byte (ASCII) characters, got {too_wide}")
     vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *(_BYTE_MAP[ord(c)] for c in alphabet)])}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", fuse_unk=False, byte_fallback=False))
     core.normalizer = normalizers.NFC()

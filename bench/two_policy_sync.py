@@ -3,8 +3,9 @@
 The same initial weights, torch engines, environment, workflow, GRPO advantages and trainer engine
 as `astraflow run`, without Kafka: each step generates the step's groups with weights `--lag` steps
 behind the trainers (the staleness an asynchronous run trains at), then takes one optimiser step
-per policy. Success is the first policy's mean reward, in tenths of the run as the run summary
-reports it. A seed sets what `bench.learning_seeds` sets; each policy's engine gets its own sampler
+per policy. Success is the first policy's mean reward per step, judged as the run summary judges
+it (`astraflow.runner.report.learning`: the best window of a tenth of the steps, and the last
+tenth). A seed sets what `bench.learning_seeds` sets; each policy's engine gets its own sampler
 seed, as each policy of a worker does.
 
     python -m bench.two_policy_sync [--recipe recipes/referential_game.yaml] [--seeds 0-9] [--lag 1]
@@ -30,6 +31,7 @@ import yaml
 
 from astraflow.config import Recipe
 from astraflow.models import init_checkpoint, load_model
+from astraflow.runner.report import learning
 from astraflow.sampling import SamplingSettings
 from bench.e2e_sync_vs_async import samples_of
 from bench.learning_seeds import seeded, set_key
@@ -92,7 +94,7 @@ async def play(data: dict[str, Any], steps: int, lag: int, work: Path,
     for e in engines.values():
         await e.close()
     await runtime.close()
-    return {"tenths": tenths(success),
+    return {"tenths": tenths(success), "judged": learning([{"reward.mean": x} for x in success]),
             "entropy": {p: [round(tenths(v)[i], 2) for i in (0, 4, 9)] for p, v in entropy.items()}}
 
 
@@ -124,7 +126,7 @@ def main() -> None:
         start = time.time()
         with tempfile.TemporaryDirectory() as tmp:
             r = asyncio.run(play(seeded(base, seed), args.steps, args.lag, Path(tmp), per_policy))
-        best, end = max(r["tenths"]), r["tenths"][-1]
+        best, end = r["judged"]["best_tenth"], r["judged"]["last_tenth"]  # as the run summary has them
         ok = best >= 0.9 and end >= 0.7
         learned += ok
         print(f"seed {seed}: {'learned' if ok else 'NOT learned'}, best tenth {best:.3f}, last {end:.3f} "

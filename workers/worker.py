@@ -69,12 +69,12 @@ def task_consumer_overrides(worker_id: str) -> dict[str, Any]:
     return {"partition.assignment.strategy": "cooperative-sticky", "client.id": worker_id}
 
 
-
 def sampler_seed(worker_id: str, policy: str) -> int:
     """The seed of one policy's sampler in one worker: stable across processes (not Python's salted
     `hash`) and different for each policy, so two policies of a worker never draw with the same
     random numbers unless a workflow asks for it (SamplingParams.seed)."""
     return zlib.crc32(f"{worker_id}/{policy}".encode()) % 1_000_000
+
 
 class Worker:
     def __init__(self, recipe: Recipe, run_dir: Path, settings: KafkaSettings, worker_id: str | None = None,
