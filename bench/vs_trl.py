@@ -4,7 +4,7 @@ The task is `recipes/arithmetic.yaml` with `feeder.env_args: {max_operand: 9, re
 the 100 sums 0..9 + 0..9, reward 1 when the completion's token ids are exactly the answer then
 <eos> (workers/envs/arithmetic.py; TRL's reward function calls that environment's `correct`).
 Both runs start from one init checkpoint (astraflow.models.init_checkpoint of the recipe's model;
-`astraflow run` gets it as `model.path`, TRL loads it with `from_pretrained`) and use lr 1e-4, a
+`astraflow run` gets it as `model.path`, TRL loads it with `from_pretrained`) and use lr 1e-4 (`--lr`), a
 constant schedule, AdamW (0.9, 0.999, 1e-8), grad norm 1, 8 groups x 8 completions a step,
 temperature 1, top_p 1, no KL, token-mean loss with clip 0.2 / 0.28, one gradient step per batch,
 CPU, fp32. TRL's `max_completion_length` is the longest the environment allows (two answer digits
@@ -20,7 +20,7 @@ TRL is the optional `bench` extra and never in the default install. Its dependen
 the lock (see bench/RESULTS.md), so it lives in its own venv that also sees ours; the TRL half runs
 there as a subprocess (`--trl-python`):
 
-    python -m bench.vs_trl [--steps 1000] [--trl-python /root/.cache/astraflow/venv-trl/bin/python]
+    python -m bench.vs_trl [--steps 1000] [--lr 1e-4] [--trl-python /root/.cache/astraflow/venv-trl/bin/python]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "arithmetic.yaml"
 POLICY = "solver"
 ENV_ARGS: dict[str, Any] = {"max_operand": 9, "require_eos": True}
-GROUPS, GROUP_SIZE, LR = 8, 8, 1.0e-4
+GROUPS, GROUP_SIZE, LR = 8, 8, 1.0e-4  # LR: the default of --lr
 CLIP_LOW, CLIP_HIGH = 0.2, 0.28
 DEFAULT_TRL_PYTHON = Path("/root/.cache/astraflow/venv-trl/bin/python")
 
@@ -89,14 +89,14 @@ def tenths(rewards: list[float]) -> tuple[float, float]:
 
 # ---------------------------------------------------------------- astraflow half
 
-def bench_recipe(base: dict[str, Any], init: Path, steps: int) -> dict[str, Any]:
+def bench_recipe(base: dict[str, Any], init: Path, steps: int, lr: float = LR) -> dict[str, Any]:
     """The arithmetic recipe with the bench's task, budget and settings, starting from `init`."""
     data = copy.deepcopy(base)
     data["model"] = {"path": str(init)}
     data.setdefault("feeder", {}).update({"env_args": dict(ENV_ARGS), "group_size": GROUP_SIZE})
     data.setdefault("worker", {}).update({"temperature": 1.0, "top_p": 1.0, "top_k": 0})
     data.setdefault("trainer", {}).update({
-        "lr": LR, "batch_groups": GROUPS, "lr_decay": "none", "warmup_steps": 0, "weight_decay": 0.0,
+        "lr": lr, "batch_groups": GROUPS, "lr_decay": "none", "warmup_steps": 0, "weight_decay": 0.0,
         "betas": [0.9, 0.999], "eps": 1e-8, "max_grad_norm": 1.0})
     data["trainer"].setdefault("loss", {}).update({
         "policy_loss": "ppo", "clip_low": CLIP_LOW, "clip_high": CLIP_HIGH, "aggregation": "token-mean",
@@ -124,9 +124,9 @@ def final_checkpoint(run_dir: Path) -> Path:
     return found[-1]
 
 
-def run_astraflow(init: Path, steps: int, work: Path) -> dict[str, Any]:
+def run_astraflow(init: Path, steps: int, lr: float, work: Path) -> dict[str, Any]:
     recipe_file = work / "arithmetic-vs-trl.yaml"
-    recipe_file.write_text(yaml.safe_dump(bench_recipe(yaml.safe_load(RECIPE.read_text()), init, steps)))
+    recipe_file.write_text(yaml.safe_dump(bench_recipe(yaml.safe_load(RECIPE.read_text()), init, steps, lr)))
     run_dir = work / "astraflow"
     log = work / "astraflow.log"
     start = time.perf_counter()
@@ -142,11 +142,11 @@ def run_astraflow(init: Path, steps: int, work: Path) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- TRL half (runs under --trl-python)
 
-def trl_config(steps: int, out_dir: str, max_completion_length: int, seed: int) -> dict[str, Any]:
+def trl_config(steps: int, out_dir: str, max_completion_length: int, seed: int, lr: float = LR) -> dict[str, Any]:
     """GRPOConfig arguments matching the astraflow run (one 64-completion batch, one step)."""
     return {
         "output_dir": out_dir, "max_steps": steps, "seed": seed, "use_cpu": True, "bf16": False, "fp16": False,
-        "learning_rate": LR, "lr_scheduler_type": "constant", "warmup_steps": 0, "weight_decay": 0.0,
+        "learning_rate": lr, "lr_scheduler_type": "constant", "warmup_steps": 0, "weight_decay": 0.0,
         "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8, "max_grad_norm": 1.0,
         "per_device_train_batch_size": GROUPS * GROUP_SIZE, "gradient_accumulation_steps": 1,
         "num_generations": GROUP_SIZE, "num_iterations": 1, "beta": 0.0,
@@ -189,7 +189,8 @@ def trl_child(cfg: dict[str, Any]) -> dict[str, Any]:
 
     torch.manual_seed(cfg["seed"])
     model = AutoModelForCausalLM.from_pretrained(init, dtype=torch.float32)
-    args = GRPOConfig(**trl_config(cfg["steps"], cfg["out"], max_completion_tokens(codec), cfg["seed"]))
+    args = GRPOConfig(**trl_config(cfg["steps"], cfg["out"], max_completion_tokens(codec), cfg["seed"],
+                                    cfg.get("lr", LR)))
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[Clock()])
     trainer.train()
@@ -200,12 +201,13 @@ def trl_child(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"steps": len(times), "steps_s": times[-1] - times[0], "rewards": rewards, "checkpoint": str(final)}
 
 
-def run_trl(python: Path, init: Path, steps: int, seed: int, work: Path) -> dict[str, Any]:
+def run_trl(python: Path, init: Path, steps: int, seed: int, lr: float, work: Path) -> dict[str, Any]:
     if subprocess.run([str(python), "-c", "import trl"], capture_output=True).returncode:
         raise RuntimeError(f"{python} cannot import trl: install the `bench` extra into its own venv "
                            "(bench/RESULTS.md, 'Against TRL') and pass its python as --trl-python")
     cfg_file, result_file, log = work / "trl.json", work / "trl-result.json", work / "trl.log"
-    cfg_file.write_text(json.dumps({"init": str(init), "steps": steps, "seed": seed, "out": str(work / "trl")}))
+    cfg_file.write_text(json.dumps({"init": str(init), "steps": steps, "seed": seed, "lr": lr,
+                                    "out": str(work / "trl")}))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"}
     start = time.perf_counter()
@@ -261,10 +263,10 @@ def summary(r: dict[str, Any]) -> dict[str, float]:
             "reward_first": first, "reward_last": last, "greedy": r["greedy"]}
 
 
-def table(results: dict[str, dict[str, Any]], machine: str) -> str:
+def table(results: dict[str, dict[str, Any]], machine: str, lr: float = LR) -> str:
     rows = {name: summary(r) for name, r in results.items()}
     lines = [f"machine: {machine}",
-             f"task: arithmetic {ENV_ARGS}, {GROUPS} groups x {GROUP_SIZE} a step, lr {LR}, CPU fp32",
+             f"task: arithmetic {ENV_ARGS}, {GROUPS} groups x {GROUP_SIZE} a step, lr {lr}, CPU fp32",
              f"{'system':10s} {'steps':>6s} {'total s':>8s} {'compl/s':>8s} {'steps2..N s':>12s} "
              f"{'compl/s':>8s} {'reward 1st 10%':>15s} {'reward last 10%':>16s} {'greedy acc':>11s}"]
     for name, s in rows.items():
@@ -281,6 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=1000, help="optimiser steps for each system (default 1000)")
+    parser.add_argument("--lr", type=float, default=LR, help=f"both systems' learning rate (default {LR})")
     parser.add_argument("--seed", type=int, default=0, help="TRL's seed (astraflow's is the recipe's)")
     parser.add_argument("--trl-python", type=Path, default=DEFAULT_TRL_PYTHON if DEFAULT_TRL_PYTHON.exists()
                         else Path(sys.executable), help="a Python with the `bench` extra installed")
@@ -301,12 +304,12 @@ def main(argv: list[str] | None = None) -> None:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         init = init_checkpoint(load_recipe(RECIPE).model_for(POLICY), work / "init")
-        results = {"trl": run_trl(args.trl_python, init, args.steps, args.seed, work),
-                   "astraflow": run_astraflow(init, args.steps, work)}
+        results = {"trl": run_trl(args.trl_python, init, args.steps, args.seed, args.lr, work),
+                   "astraflow": run_astraflow(init, args.steps, args.lr, work)}
         for r in results.values():
             r["greedy"] = greedy_accuracy(r["checkpoint"])
         init_acc = greedy_accuracy(init)
-    print(table(results, describe()))
+    print(table(results, describe(), args.lr))
     print(f"greedy accuracy of the init checkpoint: {init_acc:.2f}")
 
 

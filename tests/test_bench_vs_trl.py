@@ -78,6 +78,7 @@ def test_bench_recipe_is_a_valid_recipe_with_the_bench_settings(tmp_path: Path) 
     assert (recipe.worker.temperature, recipe.worker.top_p, recipe.worker.top_k) == (1.0, 1.0, 0)
     assert recipe.model_for("solver").path == str(tmp_path / "init")
     assert recipe.run.max_steps == 20
+    assert vs_trl.bench_recipe(base, tmp_path / "init", 20, lr=1e-3)["trainer"]["lr"] == 1e-3  # --lr
 
 
 def test_trl_config_matches_the_astraflow_settings() -> None:
@@ -89,6 +90,7 @@ def test_trl_config_matches_the_astraflow_settings() -> None:
     assert cfg["learning_rate"] == 1e-4 and cfg["lr_scheduler_type"] == "constant"
     assert cfg["max_completion_length"] == 3 and cfg["max_steps"] == 50 and cfg["seed"] == 7
     assert cfg["use_cpu"] and not cfg["bf16"] and not cfg["fp16"]
+    assert vs_trl.trl_config(50, "/tmp/out", 3, 7, lr=1e-3)["learning_rate"] == 1e-3  # --lr, both systems
 
 
 def test_astraflow_metrics_and_final_checkpoint(tmp_path: Path) -> None:
@@ -121,7 +123,7 @@ def test_table_prints_the_ratio() -> None:
 def test_help_runs_without_trl() -> None:
     out = subprocess.run([sys.executable, "-m", "bench.vs_trl", "--help"], cwd=REPO, capture_output=True,
                          text=True, check=True).stdout
-    assert "--steps" in out and "--trl-python" in out
+    assert "--steps" in out and "--trl-python" in out and "--lr" in out
 
 
 class Oracle:
