@@ -1,4 +1,4 @@
-"""A two-policy recipe played synchronously in one process, for seed sweeps in minutes, not hours.
+"""A recipe (one policy or two) played synchronously in one process, for seed sweeps in minutes, not hours.
 
 The same initial weights, torch engines, environment, workflow, GRPO advantages and trainer engine
 as `astraflow run`, without Kafka: each step generates the step's groups with weights `--lag` steps
@@ -12,7 +12,8 @@ seed, as each policy of a worker does.
         [--steps 300] [--set feeder.env_args.shared_randomness=false] [--policy-set listener:lr=1e-4]
 
 Prints one line per seed: learned (best tenth >= 0.9 and last >= 0.7, the e2e test's bar), the
-tenths, and each policy's entropy in the first, middle and last tenth.
+tenths, and each policy's entropy in the first, middle and last tenth; for solve_and_verify, also the
+final verifier's accuracy on a balanced set of right and wrong answers (`verifier_accuracy`).
 """
 
 from __future__ import annotations
@@ -94,8 +95,40 @@ async def play(data: dict[str, Any], steps: int, lag: int, work: Path,
     for e in engines.values():
         await e.close()
     await runtime.close()
-    return {"tenths": tenths(success), "judged": learning([{"reward.mean": x} for x in success]),
-            "entropy": {p: [round(tenths(v)[i], 2) for i in (0, 4, 9)] for p, v in entropy.items()}}
+    out = {"tenths": tenths(success), "judged": learning([{"reward.mean": x} for x in success]),
+           "entropy": {p: [round(tenths(v)[i], 2) for i in (0, 4, 9)] for p, v in entropy.items()}}
+    if recipe.worker.workflow == "solve_and_verify" and "verifier" in trainers:
+        out["verifier_balanced"] = verifier_accuracy(trainers["verifier"].model, codec, recipe.feeder.env_args)
+    return out
+
+
+def verifier_accuracy(model: torch.nn.Module, codec: Codec, env_args: dict[str, Any]) -> dict[str, float]:
+    """A solve_and_verify verifier judged on a balanced set: every problem of the arithmetic task
+    with its right answer and with every wrong answer of the same number of digits, as the workflow
+    shows them (`<bos>a+b=` answer `?`); its arg-max verdict approves when it is `y`. Returns the
+    share of right answers approved, of wrong answers rejected, and their mean (balanced accuracy:
+    0.5 for a verifier that always approves or always rejects)."""
+    from workers.envs.arithmetic import ArithmeticEnv
+
+    env = ArithmeticEnv(**env_args)
+    yes = codec.ids("y")
+    approved: list[bool] = []
+    rejected: list[bool] = []
+    model.eval()
+    with torch.no_grad():
+        for spec, epoch in env.tasks(0):
+            if epoch:
+                break
+            assert spec.prompt is not None
+            answer = str(spec.payload["answer"])
+            lo, hi = 10 ** (len(answer) - 1) if len(answer) > 1 else 0, 10 ** len(answer)
+            for shown in range(lo, hi):
+                ids = [codec.bos, *codec.ids(spec.prompt), *codec.ids(str(shown)), *codec.ids("?")]
+                ok = [int(model(torch.tensor([ids])).logits[0, -1].argmax())] == yes
+                (approved if str(shown) == answer else rejected).append(ok if str(shown) == answer else not ok)
+    model.train()
+    right, wrong = float(np.mean(approved)), float(np.mean(rejected))
+    return {"right_approved": right, "wrong_rejected": wrong, "balanced": (right + wrong) / 2}
 
 
 def main() -> None:
@@ -131,7 +164,9 @@ def main() -> None:
         learned += ok
         print(f"seed {seed}: {'learned' if ok else 'NOT learned'}, best tenth {best:.3f}, last {end:.3f} "
               f"({time.time() - start:.0f} s); tenths {[round(x, 3) for x in r['tenths']]}; "
-              f"entropy first/middle/last tenth {r['entropy']}", flush=True)
+              f"entropy first/middle/last tenth {r['entropy']}"
+              + (f"; verifier on a balanced set {r['verifier_balanced']}" if "verifier_balanced" in r else ""),
+              flush=True)
     print(f"learned in {learned} of {last - first + 1} seeds")
 
 
