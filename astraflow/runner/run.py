@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,22 +232,37 @@ class Run:
             # the last client of this process: freed before the broker stops, or librdkafka prints a
             # "Connection refused" line a second after the run has ended
             self.admin = None
-            if self.started_broker:
-                broker.stop(self.run_dir / "broker")
-                self.event("stopped the local broker")
+            # the broker's JVM takes ~2 s to shut down: the report is written meanwhile (unless the
+            # run is failing, then the broker is stopped before the error goes on)
+            broker_stop = self._stop_broker() if self.started_broker else None
+            if broker_stop is not None and sys.exc_info()[0] is not None:
+                self._join_broker(broker_stop)  # the code after this block does not run
             for s, h in previous.items():
                 signal.signal(s, h)
-        restarts = {c.name: c.restarts for c in sup.components if c.restarts} if sup else {}
-        extra = {"recipe": self.recipe.name, "run_dir": str(self.run_dir), "stop_reason": self.stop_reason,
-                 "wall_minutes": (time.time() - started) / 60, "restarts": restarts,
-                 "deadletters": collector.snapshot().deadletters if collector else 0,
-                 "checkpoints": self._latest_checkpoints(),
-                 "failed": [c.name for c in sup.failed()] if sup else []}
-        summary = write_report(self.run_dir, extra, max_episodes=self.recipe.worker.max_episodes)
+        try:
+            restarts = {c.name: c.restarts for c in sup.components if c.restarts} if sup else {}
+            extra = {"recipe": self.recipe.name, "run_dir": str(self.run_dir), "stop_reason": self.stop_reason,
+                     "wall_minutes": (time.time() - started) / 60, "restarts": restarts,
+                     "deadletters": collector.snapshot().deadletters if collector else 0,
+                     "checkpoints": self._latest_checkpoints(),
+                     "failed": [c.name for c in sup.failed()] if sup else []}
+            summary = write_report(self.run_dir, extra, max_episodes=self.recipe.worker.max_episodes)
+        finally:
+            if broker_stop is not None:
+                self._join_broker(broker_stop)
         self.console.print(summary_text(summary))
         self.console.print(f"report: {self.run_dir}/summary.txt, plots in {self.run_dir}/plots, "
                            f"tensorboard --logdir {self.run_dir}/tensorboard")
         return summary
+
+    def _stop_broker(self) -> threading.Thread:
+        thread = threading.Thread(target=broker.stop, args=(self.run_dir / "broker",), name="broker-stop")
+        thread.start()
+        return thread
+
+    def _join_broker(self, thread: threading.Thread) -> None:
+        thread.join()
+        self.event("stopped the local broker")
 
     def _latest_checkpoints(self) -> dict[str, str]:
         out = {}

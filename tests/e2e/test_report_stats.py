@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from astraflow.runner.report import learning
+from astraflow.runner.report import learning, permutation_p_value
 
 
 def series(values: list[float]) -> list[dict[str, float]]:
@@ -24,6 +24,15 @@ def test_tenths_of_a_run_that_learned_then_slipped() -> None:
 def test_a_flat_run_learned_nothing() -> None:
     out = learning(series([0.5] * 30), "reward.success")
     assert out["improvement"] == 0 and out["best_tenth"] == pytest.approx(0.5) and out["p_value"] == 1.0
+
+
+def test_the_permutation_test_matches_the_exact_one() -> None:
+    # 5 against 5, fully separated: 1 of the C(10, 5) = 252 splits is as extreme as the observed one
+    assert permutation_p_value([0.0] * 5, [1.0] * 5) == pytest.approx(1 / 252, abs=0.0015)
+    assert permutation_p_value([1.0] * 5, [0.0] * 5) == 1.0  # a fall is no rise
+    # 0 0 1 | 0 1 1: splits whose second half sums to 2 or more: C(3,2)C(3,1) + C(3,3) = 10 of 20
+    assert permutation_p_value([0.0, 0.0, 1.0], [0.0, 1.0, 1.0]) == pytest.approx(0.5, abs=0.02)
+    assert permutation_p_value([], [1.0]) == 1.0
 
 
 def test_too_short_a_run_has_no_statistics() -> None:
