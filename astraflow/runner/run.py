@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 
 ADVICE_EVERY_S = 10.0  # how often the dashboard measures what bounds the run
 ADVICE_WINDOW_S = 120.0  # over the last this many seconds: recent enough to follow a change of workers
+FINISHED = "every trainer reached"  # the stop reason of a run that reached its steps
 
 
 @dataclass
@@ -226,7 +227,7 @@ class Run:
                 sup.kill_all()
         finally:
             if sup is not None:
-                sup.stop_all()
+                sup.stop_all(together=self.stop_reason.startswith(FINISHED))
             if collector is not None:
                 collector.stop()
             # the last client of this process: freed before the broker stops, or librdkafka prints a
@@ -308,7 +309,7 @@ class Run:
                     last_line = time.time()
                     self._progress_line(snap)
                 if max_steps and all(c.exit_code == 0 for c in trainers):
-                    self.stop_reason = f"every trainer reached {max_steps} steps"
+                    self.stop_reason = f"{FINISHED} {max_steps} steps"
                 elif max_minutes and time.time() - started >= max_minutes * 60:
                     self.stop_reason = f"time limit of {max_minutes:g} minutes"
                 elif sup.failed():

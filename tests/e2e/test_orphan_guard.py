@@ -100,3 +100,46 @@ def test_a_stall_asks_each_running_component_for_its_thread_stacks(tmp_path: Pat
         live.proc.kill()
     err = live.proc.communicate(timeout=30)[1].decode()
     assert "(most recent call first)" in err and "in wait_for_samples" in err, err
+
+
+def test_a_finished_run_stops_every_stage_at_once(tmp_path: Path) -> None:
+    """`stop_all(together=True)` (a run that reached its steps) sends every SIGTERM before it waits
+    for any exit: each child here holds its stop until all three have been asked to stop; stopped
+    stage by stage, the second SIGTERM would never come."""
+    import threading
+
+    from astraflow.runner.supervisor import Component, Supervisor
+
+    child = textwrap.dedent("""
+        import os, signal, sys, time
+        marks, name = sys.argv[1], sys.argv[2]
+        def stop(*_):
+            open(os.path.join(marks, name), "w").close()
+            while len(os.listdir(marks)) < 3:  # every stage asked before any exits
+                time.sleep(0.02)
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, stop)
+        print("ready", flush=True)
+        time.sleep(600)
+    """)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    sup = Supervisor(tmp_path, env=subprocess_env())
+    for stage, name in enumerate(("trainer-solver", "streams", "feeder")):
+        c = Component(name, [], stage=stage, stop_timeout_s=60)
+        c.proc = subprocess.Popen([sys.executable, "-c", child, str(marks), name], stdout=subprocess.PIPE,
+                                  env=subprocess_env(), start_new_session=True)
+        sup.components.append(c)
+    for c in sup.components:
+        assert c.proc is not None and c.proc.stdout is not None and c.proc.stdout.readline() == b"ready\n"
+    stopper = threading.Thread(target=sup.stop_all, kwargs={"together": True}, daemon=True)
+    stopper.start()
+    stopper.join(30)
+    try:
+        assert not stopper.is_alive(), f"stop_all waited on one stage: asked {sorted(os.listdir(marks))}"
+        assert sorted(os.listdir(marks)) == ["feeder", "streams", "trainer-solver"]
+        assert [c.exit_code for c in sup.components] == [0, 0, 0]
+    finally:
+        for c in sup.components:
+            if c.proc is not None:
+                c.proc.kill()
