@@ -121,11 +121,12 @@ def verifier_accuracy(model: torch.nn.Module, codec: Codec, env_args: dict[str, 
                 break
             assert spec.prompt is not None
             answer = str(spec.payload["answer"])
-            lo, hi = 10 ** (len(answer) - 1) if len(answer) > 1 else 0, 10 ** len(answer)
-            for shown in range(lo, hi):
-                ids = [codec.bos, *codec.ids(spec.prompt), *codec.ids(str(shown)), *codec.ids("?")]
-                ok = [int(model(torch.tensor([ids])).logits[0, -1].argmax())] == yes
-                (approved if str(shown) == answer else rejected).append(ok if str(shown) == answer else not ok)
+            first = 10 ** (len(answer) - 1) if len(answer) > 1 else 0
+            for shown in map(str, range(first, 10 ** len(answer))):
+                ids = [codec.bos, *codec.ids(spec.prompt), *codec.ids(shown), *codec.ids("?")]
+                approves = [int(model(torch.tensor([ids])).logits[0, -1].argmax())] == yes
+                right = shown == answer
+                (approved if right else rejected).append(approves == right)  # the verdict was correct
     model.train()
     right, wrong = float(np.mean(approved)), float(np.mean(rejected))
     return {"right_approved": right, "wrong_rejected": wrong, "balanced": (right + wrong) / 2}

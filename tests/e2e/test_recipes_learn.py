@@ -8,6 +8,7 @@ what the README promises: the reward of the last tenth of the steps is above the
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -54,24 +55,35 @@ def test_single_policy_recipe_learns(name: str, tmp_path: Path, kafka_bootstrap:
         assert guess_greedily(tmp_path / name) >= 7 / 8
 
 
+def final_policies(run_dir: Path, policies: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
+    """The codec and the last checkpoint of each policy of a finished run, in eval mode."""
+    from astraflow.models import load_model
+    from trainer.checkpoint import latest_checkpoint
+    from workers.envs.base import Codec, load_tokenizer
+
+    paths = {p: latest_checkpoint(run_dir / "trainer" / p / "checkpoints") for p in policies}
+    assert all(paths.values()), paths
+    return Codec(load_tokenizer(paths[policies[0]])), {p: load_model(paths[p]).eval() for p in policies}
+
+
+def argmax(model: Any, ids: list[int]) -> int:
+    """The model's most likely next token after `ids`."""
+    import torch
+
+    with torch.no_grad():
+        return int(model(torch.tensor([ids])).logits[0, -1].argmax())
+
+
 def guess_greedily(run_dir: Path) -> float:
     """Share of the recipe's secrets the run's last agent checkpoint finds, each guess its arg-max token."""
     import asyncio
     import itertools
     import random
 
-    import torch
-
-    from astraflow.models import load_model
     from astraflow.records import Task
-    from trainer.checkpoint import latest_checkpoint
-    from workers.envs.base import Codec, load_tokenizer
     from workers.envs.guess_number import GuessNumberEnv
 
-    path = latest_checkpoint(run_dir / "trainer" / "agent" / "checkpoints")
-    assert path is not None, run_dir
-    codec = Codec(load_tokenizer(path))
-    model = load_model(path).eval()
+    codec, models = final_policies(run_dir, ("agent",))
     args = yaml.safe_load((REPO / "recipes" / "guess_number.yaml").read_text())["feeder"]["env_args"]
     env = GuessNumberEnv(**args)
     found = 0
@@ -80,8 +92,7 @@ def guess_greedily(run_dir: Path) -> float:
         state, observation = env.reset(task, codec, random.Random(0))
         ids = [codec.bos, *codec.ids(observation)]
         while True:
-            with torch.no_grad():
-                guess = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+            guess = argmax(models["agent"], ids)
             step = asyncio.run(env.step(state, [guess], codec))
             if step.done:
                 found += step.reward > 0
@@ -113,23 +124,11 @@ def play_greedily(run_dir: Path) -> float:
     import itertools
     import random
 
-    import torch
-
-    from astraflow.models import load_model
     from astraflow.records import Task
-    from trainer.checkpoint import latest_checkpoint
-    from workers.envs.base import Codec, load_tokenizer
     from workers.envs.referential import ReferentialEnv
 
-    paths = {p: latest_checkpoint(run_dir / "trainer" / p / "checkpoints") for p in ("speaker", "listener")}
-    assert all(paths.values()), paths
-    codec = Codec(load_tokenizer(paths["speaker"]))
-    speaker, listener = (load_model(paths[p]).eval() for p in ("speaker", "listener"))
-
-    def argmax(model: torch.nn.Module, ids: list[int]) -> int:
-        with torch.no_grad():
-            return int(model(torch.tensor([ids])).logits[0, -1].argmax())
-
+    codec, models = final_policies(run_dir, ("speaker", "listener"))
+    speaker, listener = models["speaker"], models["listener"]
     args = yaml.safe_load((REPO / "recipes" / "referential_game.yaml").read_text())["feeder"]["env_args"]
     env = ReferentialEnv(**args)
     wins = games = 0
