@@ -153,8 +153,9 @@ class TrainerConfig(StrictModel):
     """A full snapshot every this many versions; sparse deltas in between."""
     keep_versions: int | None = Field(default=None, ge=2)
     """Versions whose files the store keeps for workers (default: max_staleness + 2)."""
-    compress_level: int = Field(default=3, ge=0, le=22)
-    """zstd level of deltas (0: uncompressed)."""
+    compress_level: int = Field(default=1, ge=0, le=22)
+    """zstd level of deltas (0: uncompressed). Level 1 compressed the arithmetic recipe's 0.8 MB deltas
+    in 2.1 ms to 0.541 of their size, level 3 in 3.3 ms to 0.531: a publication every step pays it."""
     store_dir: str | None = None
     """Weight store root, local or on a shared filesystem (default: <run dir>/weights)."""
     serve_http: bool = False

@@ -64,9 +64,13 @@ def _ext_hook(code: int, data: bytes) -> Any:
 
 
 def encode(record: Record, known_policies: frozenset[str] | None = None) -> bytes:
-    """Validate a record and encode it. Raises RecordError if the record is not valid (it may have
-    been mutated since it was built)."""
-    record.validate(known_policies)
+    """Encode a record, validating it again if a field was assigned since it was built (a record
+    whose fields are the ones its last validation returned is valid: the check is not repeated;
+    `known_policies` are checked either way). Raises RecordError if the record is not valid."""
+    if not record.unchanged():
+        record.validate(known_policies)
+    elif known_policies is not None:
+        record.check_policies(known_policies)
     body: dict[str, Any] = {"v": SCHEMA_VERSION, "t": record.TYPE}
     for name, _ in record.wire_fields():
         body[name] = getattr(record, name)

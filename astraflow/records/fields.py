@@ -188,7 +188,7 @@ class Array(Kind):
             arr = cast
         if not arr.size or (not self.finite and self.min is None and self.max is None):
             return arr
-        if arr.shape[0] <= _SMALL:
+        if arr.shape[0] <= SMALL_ARRAY:
             # a short array's elements as Python numbers: a few numpy reductions cost more than
             # these (they are most of a record's validation, and records are validated often)
             items = arr.tolist()
@@ -213,7 +213,7 @@ class Array(Kind):
 
 
 #: arrays up to this long are checked element by element in Python (faster than numpy below ~100)
-_SMALL = 64
+SMALL_ARRAY = 64
 _DTYPES = {name: np.dtype(name) for name in ("int8", "uint8", "int32", "float32")}
 
 
@@ -236,13 +236,20 @@ class FloatMap(Kind):
         number = self._number()
         out: dict[str, float] = {}
         for k, v in value.items():
-            name = self.key.check(f"{field} key", k)
-            out[name] = number.check(f"{field}.{name}", v)
+            try:  # the field's name is spelt out only for an error: building it cost more than the check
+                out[self.key.check("", k)] = number.check("", v)
+            except RecordError:
+                number.check(f"{field}.{self.key.check(f'{field} key', k)}", v)  # raises, naming it
+                raise
         return out
 
 
     def _number(self) -> Kind:
-        return Float(min=self.min, max=self.max)
+        number = self.__dict__.get("_number_kind")
+        if number is None:
+            number = Float(min=self.min, max=self.max)
+            object.__setattr__(self, "_number_kind", number)  # frozen: made once per map kind
+        return number
 
 
 @dataclass(frozen=True)
@@ -250,7 +257,11 @@ class IntMap(FloatMap):
     """A map from names to integers (weight versions per policy)."""
 
     def _number(self) -> Kind:
-        return Int(min=None if self.min is None else int(self.min), max=None if self.max is None else int(self.max))
+        number = self.__dict__.get("_number_kind")
+        if number is None:
+            number = Int(min=None if self.min is None else int(self.min), max=None if self.max is None else int(self.max))
+            object.__setattr__(self, "_number_kind", number)
+        return number
 
 
 @dataclass(frozen=True)

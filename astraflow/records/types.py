@@ -2,8 +2,9 @@
 
 Each record is a plain dataclass whose fields carry their kind as metadata. `Record.validate()`
 checks and normalises every field plus the cross-field rules (equal token-level lengths, owners
-that index the policy list, rewards for exactly the listed policies); the codec calls it on both
-encode and decode, so no component can emit or accept a malformed record.
+that index the policy list, rewards for exactly the listed policies). A record validates when it is
+built and when it is decoded; encoding validates it again if a field was assigned since (see
+`Record.unchanged`), so no component can emit or accept a malformed record.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from astraflow.records.fields import (
     MAX_TEXT_CHARS,
     NAME,
     SHA256,
+    SMALL_ARRAY,
     Array,
     Bool,
     Bytes,
@@ -79,8 +81,11 @@ class Record:
     def validate(self, known_policies: frozenset[str] | None = None) -> Record:
         """Check and normalise every field in place; return self. Raises RecordError."""
         try:
+            checked = []
             for name, kind in self.wire_fields():
-                setattr(self, name, kind.check(name, getattr(self, name)))
+                value = kind.check(name, getattr(self, name))
+                setattr(self, name, value)
+                checked.append(value)
             if self.TOKEN_FIELDS:
                 lengths = {name: len(getattr(self, name)) for name in self.TOKEN_FIELDS}
                 first = self.TOKEN_FIELDS[0]
@@ -91,7 +96,21 @@ class Record:
         except RecordError as exc:
             self._name(exc)
             raise
+        self._checked = checked
         return self
+
+    def unchanged(self) -> bool:
+        """Whether every field still holds the value the last validation returned (the same object):
+        then it need not be checked again before encoding. A field assigned since is not, whatever
+        its value; an array or map changed in place is, so the consumer's decode remains the check
+        that counts (every consumer validates what it decodes)."""
+        checked = self.__dict__.get("_checked")
+        if checked is None:
+            return False
+        for (name, _), value in zip(self.wire_fields(), checked, strict=True):
+            if getattr(self, name) is not value:
+                return False
+        return True
 
     def check_policies(self, known_policies: frozenset[str]) -> Record:
         """The cross-field rules again, now against the known policies; return self. For a record
@@ -207,14 +226,20 @@ class Trajectory(Record):
     def _check(self, known_policies: frozenset[str] | None) -> None:
         for i, name in enumerate(self.policies):
             _check_policy(f"policies[{i}]", name, known_policies)
-        if self.owner.size and int(self.owner.max()) >= len(self.policies):
-            raise RecordError("owner", f"owner index {int(self.owner.max())} but only {len(self.policies)} policies")
+        if self.owner.size <= SMALL_ARRAY:  # as Python numbers: numpy's per-call cost is most of the check
+            owners, versions = self.owner.tolist(), self.versions.tolist()
+            top = max(owners, default=-1)
+            unversioned = any(v < 0 for o, v in zip(owners, versions, strict=True) if o >= 0)
+        else:
+            top = int(self.owner.max())
+            unversioned = bool(np.any(self.versions[self.owner >= 0] < 0))
+        if top >= len(self.policies):
+            raise RecordError("owner", f"owner index {top} but only {len(self.policies)} policies")
         if set(self.rewards) != set(self.policies):
             raise RecordError("rewards", f"needs exactly one reward per policy {self.policies}, got {sorted(self.rewards)}")
         if self.sample_index >= self.group_size:
             raise RecordError("sample_index", f"{self.sample_index} is not below group_size {self.group_size}")
-        generated = self.owner >= 0
-        if np.any(self.versions[generated] < 0):
+        if unversioned:
             raise RecordError("versions", "every generated token needs a weight version >= 0")
 
     def policy_mask(self, policy: str) -> np.ndarray:

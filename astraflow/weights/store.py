@@ -64,7 +64,7 @@ class WeightStore:
     """Content-addressed snapshots and deltas of one policy, with a manifest and pruning."""
 
     def __init__(self, root: str | Path, policy: str, *, snapshot_every: int = 10, keep_versions: int = 8,
-                 compress_level: int = 3, dtype: str = "bfloat16", base_uri: str | None = None) -> None:
+                 compress_level: int = 1, dtype: str = "bfloat16", base_uri: str | None = None) -> None:
         if snapshot_every < 1 or keep_versions < 1:
             raise ValueError("snapshot_every and keep_versions must be at least 1")
         self.root = Path(root).resolve()
@@ -135,10 +135,13 @@ class WeightStore:
 
         `version` must follow the latest one; version 0, a store without versions, or
         `snapshot=True` with a gap write a snapshot only (no delta base)."""
+        import torch
+
         latest = self.latest
         unique, aliases = fmt.split_aliases(state)
-        unique = {k: (v.detach().to("cpu", self._torch_dtype) if v.is_floating_point() else v.detach().to("cpu"))
-                  .contiguous().clone() for k, v in unique.items()}
+        unique = {k: v.detach().to("cpu", self._torch_dtype if v.is_floating_point() else v.dtype,
+                                   memory_format=torch.contiguous_format, copy=True)
+                  for k, v in unique.items()}  # one copy (a cast then a clone copied a float32 state twice)
         if latest is not None and version <= latest:
             raise WeightStoreError(f"{self.policy}: version {version} is not after the latest {latest}")
         chained = latest is not None and version == latest + 1

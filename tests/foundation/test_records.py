@@ -103,6 +103,20 @@ def test_known_policies_are_enforced() -> None:
         encode(task, known_policies=frozenset({"solver"}))
 
 
+def test_encode_checks_a_record_again_once_a_field_is_assigned() -> None:
+    traj = make_traj()
+    assert traj.unchanged()  # built valid: encoding need not check it again
+    first = encode(traj)
+    traj.rewards = {"solver": float("nan")}
+    assert not traj.unchanged()
+    with pytest.raises(RecordError, match="rewards.solver: must be finite"):
+        encode(traj)
+    traj.rewards = {"solver": 1.0}
+    traj.tokens = traj.tokens.tolist()  # normalised back into an int32 array by the new check
+    assert encode(traj) == first
+    assert isinstance(traj.tokens, np.ndarray) and traj.unchanged()
+
+
 def hand_made(**fields: object) -> bytes:
     body = {"v": SCHEMA_VERSION, "t": "Trajectory"}
     body.update(fields)
