@@ -91,6 +91,15 @@ def collate(samples: list[Sample], pad_id: int) -> Rows:
                 torch.from_numpy(behaviour[:, 1:]).contiguous(), torch.from_numpy(adv[:, 1:]).contiguous())
 
 
+def _logits(model: Any, tokens: torch.Tensor) -> torch.Tensor:
+    """The logits of right-padded rows (`collate`). No attention mask: causal attention alone gives
+    every real token exactly the context it has with the padding mask, since padding only follows
+    it (bitwise-equal logits, tests/trainer/test_engine.py), and the model builds no 4-D mask: a
+    training step of the arithmetic recipe's model 5% shorter on CPU. Padding positions get logits
+    too, which the loss mask leaves out."""
+    return model(input_ids=tokens).logits
+
+
 def micro_batches(rows: Rows, max_tokens: int) -> list[Rows]:
     """Longest rows first, greedily packed so that rows x longest <= max_tokens (one row at least)."""
     order = torch.argsort(rows.lengths, descending=True, stable=True)
@@ -269,9 +278,9 @@ class Engine:
         squares, local = [], []
         with torch.no_grad():
             for mb in parts:
-                tokens, attention = self._inputs(mb)
+                tokens = mb.tokens.to(self.device)
                 with self._autocast():
-                    logits = self.model(input_ids=tokens, attention_mask=attention).logits
+                    logits = _logits(self.model, tokens)
                 logp = token_logprobs(logits, tokens, self.sampling, with_entropy=False)[0]
                 sq = log_ratio(logp, mb.behaviour.to(self.device), settings.log_ratio_clamp) ** 2
                 squares.append(sq)
@@ -300,16 +309,11 @@ class Engine:
         dist.all_gather(pieces, padded)
         return torch.cat([p[: int(c)] for p, c in zip(pieces, counts, strict=True)])
 
-    def _inputs(self, mb: Rows) -> tuple[torch.Tensor, torch.Tensor]:
-        tokens = mb.tokens.to(self.device)
-        positions = torch.arange(tokens.shape[1], device=self.device)
-        return tokens, (positions[None, :] < mb.lengths.to(self.device)[:, None]).long()
-
     def _micro_step(self, mb: Rows, settings: LossSettings, num_tokens: float, num_seqs: float,
                     m2po_keep: torch.Tensor | None = None) -> dict[str, float]:
-        tokens, attention = self._inputs(mb)
+        tokens = mb.tokens.to(self.device)
         with self._autocast():
-            logits = self.wrapped(input_ids=tokens, attention_mask=attention).logits
+            logits = _logits(self.wrapped, tokens)
         logp, entropy = token_logprobs(logits, tokens, self.sampling, entropy_grad=settings.entropy_coef > 0)
         mask = mb.mask.to(self.device)
         # a token outside the current policy's top-p/top-k set has log-prob -inf and no gradient:
@@ -322,7 +326,7 @@ class Engine:
         ref_logp = None
         if self.ref_model is not None:
             with torch.no_grad(), self._autocast():
-                ref_logits = self.ref_model(input_ids=tokens, attention_mask=attention).logits
+                ref_logits = _logits(self.ref_model, tokens)
             ref_logp = token_logprobs(ref_logits, tokens, self.sampling, with_entropy=False)[0]
         loss, stats = policy_loss(
             logp, mb.behaviour.to(self.device), mb.advantages.to(self.device), mask,
@@ -337,11 +341,9 @@ class Engine:
         """Log-probs [N, L-1] of `rows`' tokens under the current weights, exactly as a step
         computes them (same forward, same sampling distribution); -inf outside top-p/top-k."""
         tokens = rows.tokens.to(self.device)
-        positions = torch.arange(tokens.shape[1], device=self.device)
-        attention = (positions[None, :] < rows.lengths.to(self.device)[:, None]).long()
         self.model.eval()
         with self._published_weights(), self._autocast():
-            logits = self.model(input_ids=tokens, attention_mask=attention).logits
+            logits = _logits(self.model, tokens)
         return token_logprobs(logits, tokens, self.sampling, with_entropy=False)[0]
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -14,7 +14,7 @@ import torch
 from astraflow.config.trainer import LossConfig, TrainerConfig
 from tests.trainer.helpers import tiny_model
 from tests.trainer.synth import make_group
-from trainer.engine import Engine, collate, micro_batches
+from trainer.engine import Engine, _logits, collate, micro_batches
 from trainer.losses import token_logprobs
 
 CPU = torch.device("cpu")
@@ -77,9 +77,8 @@ def test_the_m2po_mask_is_the_same_for_one_or_three_micro_batches() -> None:
     # A cut per micro-batch would be another mask. Make micro-batches 2 and 3 on-policy (squares 0):
     # alone, micro-batch 1 must mask most of its tokens; in the batch, the zeros leave more room.
     for mb in three[1:]:
-        tokens, attention = engine._inputs(mb)
         with torch.no_grad():
-            mb.behaviour = token_logprobs(engine.model(input_ids=tokens, attention_mask=attention).logits, tokens)[0]
+            mb.behaviour = token_logprobs(_logits(engine.model, mb.tokens), mb.tokens)[0]
     alone = engine.m2po_masks(three[:1], engine.settings)[0][0]
     in_batch = engine.m2po_masks(three, engine.settings)[0][0]
     assert int(alone.sum()) < int(in_batch.sum())
@@ -111,6 +110,19 @@ def test_padding_and_masked_tokens_do_not_change_the_gradient() -> None:
         got, _ = grads_after_step(TrainerConfig(max_grad_norm=None), r, copy.deepcopy(model))
         for k in base:
             torch.testing.assert_close(got[k], base[k], rtol=1e-4, atol=1e-7)
+
+
+def test_causal_attention_alone_gives_real_tokens_the_logits_of_a_padding_mask() -> None:
+    """The trainer's forward passes no attention mask (`_logits`): padding only ever follows a row's
+    tokens, so each real token's logits must be bitwise those computed with the padding mask."""
+    rows = rows_of(3)
+    assert len(set(rows.lengths.tolist())) > 1  # rows of several lengths: real padding
+    model = tiny_model().eval()
+    real = torch.arange(rows.tokens.shape[1])[None, :] < rows.lengths[:, None]
+    with torch.no_grad():
+        masked = model(input_ids=rows.tokens, attention_mask=real.long()).logits
+        ours = _logits(model, rows.tokens)
+    assert torch.equal(ours[real], masked[real])
 
 
 def test_reference_kl_starts_at_zero_and_grows() -> None:
