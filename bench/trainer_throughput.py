@@ -35,7 +35,8 @@ from trainer.losses import policy_loss, token_logprobs
 from trainer.service import Trainer
 
 
-def trainer_run(settings: KafkaSettings, steps: int, groups: int, publish_every: int) -> tuple[float, list[list[str]]]:
+def trainer_run(settings: KafkaSettings, steps: int, groups: int, publish_every: int,
+                checkpoint_every: int | None = None) -> tuple[float, list[list[str]]]:
     ns = settings.model_copy(update={"namespace": f"bench{uuid.uuid4().hex[:8]}"})
     topic_spec.apply(make_admin(ns), topic_spec.expand(topic_spec.load_spec(), ["p"], ns))
     samples: dict[str, list] = {}  # type: ignore[type-arg]
@@ -48,7 +49,7 @@ def trainer_run(settings: KafkaSettings, steps: int, groups: int, publish_every:
     recipe = Recipe.model_validate({
         "name": "bench", "policies": [{"name": "p"}], "max_staleness": 10_000, "kafka": ns.model_dump(),
         "trainer": {"lr": 1e-5, "batch_groups": groups, "publish_every": publish_every,
-                    "micro_batch_tokens": 1 << 16, "snapshot_every": 10}})
+                    "checkpoint_every": checkpoint_every, "micro_batch_tokens": 1 << 16, "snapshot_every": 10}})
     with tempfile.TemporaryDirectory() as run_dir:
         Trainer(recipe, "p", run_dir=run_dir, settings=ns, max_steps=steps).run()
         ledger = [json.loads(x) for x in (Path(run_dir) / "trainer/p/trained.jsonl").read_text().splitlines()]
@@ -102,10 +103,14 @@ def main() -> None:
           f"(~{args.groups * 8 * 32} tokens/step), broker {settings.bootstrap}.\n")
     print("| trainer setting | trainer tokens/s | bare loop tokens/s | ratio |")
     print("|---|---:|---:|---:|")
-    for publish_every in (10, 1):
-        rate, batches = trainer_run(settings, args.steps, args.groups, publish_every)
+    # (publish_every, checkpoint_every): None checkpoints at every publication; the recipes publish
+    # every step and checkpoint every 25
+    for publish_every, checkpoint_every in ((10, None), (1, None), (1, 25)):
+        rate, batches = trainer_run(settings, args.steps, args.groups, publish_every, checkpoint_every)
         bare = bare_loop(batches)
-        what = "publish + checkpoint every step" if publish_every == 1 else f"publish + checkpoint every {publish_every} steps"
+        every = "every step" if publish_every == 1 else f"every {publish_every} steps"
+        what = (f"publish + checkpoint {every}" if checkpoint_every is None
+                else f"publish {every}, checkpoint every {checkpoint_every} (the recipes)")
         print(f"| {what} | {rate:,.0f} | {bare:,.0f} | {rate / bare:.2f} |", flush=True)
 
 
