@@ -2,7 +2,9 @@
 `astraflow streams` Faust worker, against raw confluent-kafka produce -> consume of the same
 records on the same broker (the ceiling of any Kafka-based stage in Python on this machine).
 
-1,024-token trajectories (24 prompt + 1,000 generated tokens), groups of 8.
+1,024-token trajectories (24 prompt + 1,000 generated tokens), groups of 8, each group one
+TrajectoryBatch record as the workers send them (`astraflow.records.batches`); Samples come out as
+one SampleBatch per group, as streams writes them.
 - throughput: N trajectories produced as fast as possible; time from the first produce to the last
   record consumed (raw) or the last Sample consumed (pipeline).
 - latency: the same records paced at a fixed rate below both capacities; raw: consume time minus
@@ -26,6 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +37,7 @@ import yaml
 from astraflow import topics as topic_spec
 from astraflow.config import KafkaSettings
 from astraflow.kafka import TopicReader, make_admin, producer_config
-from astraflow.records import Trajectory, encode, group_id, traj_id
+from astraflow.records import SampleBatch, Trajectory, batches, decode, encode, group_id, traj_id
 from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,29 +47,42 @@ PIPELINE = [{"name": "validate"}, {"name": "group"}, {"name": "zero_variance"}, 
 
 
 def make_records(n_groups: int, prefix: str = "bench", seed: int = 0) -> list[tuple[bytes, bytes]]:
-    """(key, value) of n_groups x GROUP encoded 1,024-token trajectories of tasks <prefix><g>."""
+    """(key, value) of the records of n_groups groups of GROUP 1,024-token trajectories (tasks
+    <prefix><g>), a group a TrajectoryBatch, as a worker sends them."""
     rng = np.random.default_rng(seed)
     owner = np.array([-1] * 24 + [0] * 1000, np.int8)
     out = []
     for g in range(n_groups):
         task = f"{prefix}{g}"
+        group = []
         for i in range(GROUP):
-            t = Trajectory(
+            group.append(Trajectory(
                 traj_id=traj_id(task, 0, i), group_id=group_id(task, 0), task_id=task, env="bench",
                 policies=["policy"], tokens=rng.integers(0, 100, 1024).astype(np.int32), owner=owner,
                 logprobs=np.where(owner >= 0, -rng.random(1024), 0).astype(np.float32),
                 versions=np.where(owner >= 0, 0, -1).astype(np.int32), rewards={"policy": float(i % 2)},
                 group_size=GROUP, sample_index=i,
-            )
-            out.append((t.group_id.encode(), encode(t)))
+            ))
+        out += [(b.group_id.encode(), encode(b)) for b in batches(group, 1 << 20)]
     return out
+
+
+def trajectories_in(_value: bytes) -> int:
+    """Trajectories a produced record carries (every group fits one record here)."""
+    return GROUP
+
+
+def samples_in(value: bytes) -> int:
+    """Samples a SampleBatch record of `samples.<policy>` carries."""
+    return len(decode(value, SampleBatch).items)
 
 
 class Reader(threading.Thread):
     """Reads a topic from its current end, recording (key, arrival time, create time, size) of the
-    records whose key is in `keys`, until `expect` of them arrived."""
+    records whose key is in `keys`, until they carried `expect` trajectories or Samples (`units`)."""
 
-    def __init__(self, settings: KafkaSettings, topic: str, expect: int, keys: set[bytes]) -> None:
+    def __init__(self, settings: KafkaSettings, topic: str, expect: int, keys: set[bytes],
+                 units: Callable[[bytes], int]) -> None:
         super().__init__(daemon=True)
         from confluent_kafka import TopicPartition
 
@@ -76,15 +92,16 @@ class Reader(threading.Thread):
         ends = self.reader.end_offsets(full)
         # only what is produced from now on
         self.reader.consumer.assign([TopicPartition(full, p, hi) for p, hi in ends.items()])
-        self.expect, self.keys, self.seen = expect, keys, []
+        self.expect, self.keys, self.units, self.seen, self.count = expect, keys, units, [], 0
         self.done = threading.Event()
 
     def run(self) -> None:
         try:
-            while len(self.seen) < self.expect and not self.done.is_set():
+            while self.count < self.expect and not self.done.is_set():
                 msg = self.reader.poll(0.1)
                 if msg is None or msg.key() not in self.keys:
                     continue
+                self.count += self.units(msg.value() or b"")
                 self.seen.append((msg.key(), time.time(), msg.timestamp()[1] / 1000.0, len(msg.value() or b"")))
         finally:
             self.reader.close()
@@ -93,8 +110,8 @@ class Reader(threading.Thread):
 
 def produce(settings: KafkaSettings, topic: str, records: list[tuple[bytes, bytes]],
             rate: float | None = None) -> dict[bytes, float]:
-    """Produce the records (paced at `rate` per second if given); returns key -> time the last
-    record with that key was handed to the producer."""
+    """Produce the records (paced at `rate` trajectories per second if given); returns key -> time
+    the last record with that key was handed to the producer."""
     from confluent_kafka import Producer
 
     p = Producer(producer_config(settings))
@@ -107,7 +124,7 @@ def produce(settings: KafkaSettings, topic: str, records: list[tuple[bytes, byte
     t0 = time.time()
     for i, (key, value) in enumerate(records):
         if rate:
-            delay = t0 + i / rate - time.time()
+            delay = t0 + i * GROUP / rate - time.time()
             if delay > 0:
                 time.sleep(delay)
         while True:
@@ -123,7 +140,7 @@ def produce(settings: KafkaSettings, topic: str, records: list[tuple[bytes, byte
 
 
 def run_raw(settings: KafkaSettings, records: list, rate: float | None) -> tuple[float, list[float]]:
-    reader = Reader(settings, "bench-raw", len(records), {k for k, _ in records})
+    reader = Reader(settings, "bench-raw", len(records) * GROUP, {k for k, _ in records}, trajectories_in)
     reader.start()
     t0 = time.time()
     produce(settings, "bench-raw", records, rate)
@@ -133,13 +150,13 @@ def run_raw(settings: KafkaSettings, records: list, rate: float | None) -> tuple
 
 
 def run_pipeline(settings: KafkaSettings, records: list, rate: float | None) -> tuple[float, list[float]]:
-    reader = Reader(settings, "samples.policy", len(records), {k for k, _ in records})
+    reader = Reader(settings, "samples.policy", len(records) * GROUP, {k for k, _ in records}, samples_in)
     reader.start()
     t0 = time.time()
     sent = produce(settings, "trajectories", records, rate)
     reader.done.wait(300)
-    if len(reader.seen) < len(records):
-        raise RuntimeError(f"only {len(reader.seen)} of {len(records)} Samples arrived")
+    if reader.count < len(records) * GROUP:
+        raise RuntimeError(f"only {reader.count} of {len(records) * GROUP} Samples arrived")
     last: dict[bytes, float] = {}
     for key, t, _, _ in reader.seen:
         last[key] = max(last.get(key, 0.0), t)
@@ -188,7 +205,7 @@ def main() -> None:
     settings = KafkaSettings(bootstrap=args.bootstrap, namespace=f"bench{uuid.uuid4().hex[:8]}")
     specs = topic_spec.expand(topic_spec.load_spec(), ["policy"], settings)
     traj_spec = topic_spec.find(specs, "trajectories")
-    raw_spec = topic_spec.TopicSpec(name=settings.topic("bench-raw"), base="bench-raw", record="Trajectory",
+    raw_spec = topic_spec.TopicSpec(name=settings.topic("bench-raw"), base="bench-raw", record="TrajectoryBatch",
                                     partitions=traj_spec.partitions, replication=traj_spec.replication,
                                     configs=traj_spec.configs)
     topic_spec.apply(make_admin(settings), [*specs, raw_spec])
@@ -213,9 +230,10 @@ def main() -> None:
             from astraflow import broker
 
             broker.stop(own_broker)
-    n = len(records)
+    n = len(records) * GROUP
     print(f"machine: {describe()}")
-    print(f"{n} trajectories of 1,024 tokens ({mb / n * 1e3:.1f} kB each, {mb:.1f} MB), groups of {GROUP}")
+    print(f"{n} trajectories of 1,024 tokens ({mb / n * 1e3:.1f} kB each, {mb:.1f} MB), groups of {GROUP}, "
+          f"a group a record")
     print("| | trajectories/s | MB/s | ratio | latency p50 ms | latency p99 ms |")
     print("|---|---:|---:|---:|---:|---:|")
     print(f"| raw confluent-kafka produce -> consume | {n / raw_t:,.0f} | {mb / raw_t:,.1f} | 1.00 | "
