@@ -33,7 +33,12 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (default 1, what each torch process of `astraflow run` gets on 2 cores)")
     args = ap.parse_args()
+    # One count for every method. With 2, the engine's thread ran 2-3x slower after the main thread's
+    # `generate` calls had used torch's OpenMP threads (two thread teams on two cores).
+    torch.set_num_threads(args.threads)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -65,7 +70,9 @@ def main() -> None:
     async def engine_run() -> float:
         engine = TorchEngine("p", str(path), dtype=args.dtype, max_batch=args.prompts)
         params = SamplingParams(max_tokens=args.tokens)
-        await engine.generate(prompts[0], SamplingParams(max_tokens=2))  # warm-up
+        # warm-up: the same requests once, untimed (the first wave of a new engine paid ~0.15 s of
+        # one-time set-up; the generate loop above warms `generate` for the batched call)
+        await asyncio.gather(*(engine.generate(p, params) for p in prompts))
         start = time.perf_counter()
         results = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
         took = time.perf_counter() - start
