@@ -13,6 +13,10 @@ steps 2..N (start-up excluded; the first step includes model loading), total wal
 of the sync time to each async time, and the mean reward of the last 10 steps.
 
     python -m bench.e2e_sync_vs_async [--recipe recipes/guess_number.yaml] [--steps 60]
+                                      [--tool-latency MEDIAN_S SIGMA]
+
+`--tool-latency` gives every environment step of both modes a lognormal delay (`worker.tool_latency`):
+the long-tail agentic workload, where a synchronous step waits for its slowest episode.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -91,7 +96,8 @@ async def sync_run(recipe: Recipe, steps: int, work: Path) -> dict[str, Any]:
         times.append(time.perf_counter())
     await engine.close()
     await runtime.close()
-    return {"total_s": times[-1] - start, "steps_s": times[-1] - times[0], "rewards": rewards}
+    return {"total_s": times[-1] - start, "steps_s": times[-1] - times[0], "rewards": rewards,
+            "times": [t - times[0] for t in times]}
 
 
 def async_run(recipe_path: Path, staleness: int, steps: int, work: Path) -> dict[str, Any]:
@@ -110,8 +116,18 @@ def async_run(recipe_path: Path, staleness: int, steps: int, work: Path) -> dict
     ordered = [by_step[s] for s in sorted(by_step)][:steps]
     return {"total_s": total, "steps_s": ordered[-1]["time"] - ordered[0]["time"],
             "rewards": [r["values"].get("reward.mean", float("nan")) for r in ordered],
+            "times": [r["time"] - ordered[0]["time"] for r in ordered],
             "staleness": float(np.mean([r["values"].get("staleness.mean", 0.0) for r in ordered])),
             "stale_dropped": ordered[-1]["values"].get("samples.stale", 0.0)}
+
+
+def time_to(result: dict[str, Any], target: float, window: int = 10) -> float | None:
+    """Seconds after step 1 at which the mean reward of the last `window` steps first reaches `target`."""
+    rewards, times = result["rewards"], result["times"]
+    for i in range(window - 1, len(rewards)):
+        if float(np.mean(rewards[i - window + 1: i + 1])) >= target:
+            return float(times[i])
+    return None
 
 
 def main() -> None:
@@ -119,24 +135,51 @@ def main() -> None:
     parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "guess_number.yaml")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--staleness", type=int, nargs="*", default=[1, 2, 4])
+    parser.add_argument("--async-steps", type=int, default=None,
+                        help="steps of the dataflow runs (default --steps): more, to reach the sync run's reward")
+    parser.add_argument("--tool-latency", type=float, nargs=2, metavar=("MEDIAN_S", "SIGMA"),
+                        help="a lognormal delay for every environment step, in both modes")
     args = parser.parse_args()
-    recipe = load_recipe(args.recipe)
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        recipe_path = args.recipe
+        if args.tool_latency:
+            data = yaml.safe_load(args.recipe.read_text())
+            data.setdefault("worker", {})["tool_latency"] = {"median_s": args.tool_latency[0],
+                                                             "sigma": args.tool_latency[1]}
+            recipe_path = work / "recipe-latency.yaml"
+            recipe_path.write_text(yaml.safe_dump(data))
+        recipe = load_recipe(recipe_path)
         results["sync"] = asyncio.run(sync_run(recipe, args.steps, work))
         for s in args.staleness:
-            results[f"async s={s}"] = async_run(args.recipe, s, args.steps, work)
+            results[f"async s={s}"] = async_run(recipe_path, s, args.async_steps or args.steps, work)
     print(f"machine: {describe()}")
     print(f"workload: {recipe.name}, {args.steps} steps of {recipe.trainer.batch_groups} groups x "
           f"{recipe.feeder.group_size}; async with {recipe.worker.count} workers")
+    lat = recipe.worker.tool_latency
+    if lat.median_s > 0:
+        p99 = min(lat.max_s, lat.median_s * math.exp(2.326 * lat.sigma))
+        print(f"tool latency per environment step: lognormal, p50 {lat.median_s * 1000:.0f} ms, "
+              f"p99 {p99 * 1000:.0f} ms (p99/p50 {p99 / lat.median_s:.1f}), mean "
+              f"{lat.median_s * math.exp(lat.sigma ** 2 / 2) * 1000:.0f} ms")
     base = results["sync"]["steps_s"]
-    print(f"{'mode':12s} {'steps 2..N s':>13s} {'total s':>9s} {'sync/this':>10s} {'reward last 10':>15s} "
-          f"{'mean lag':>9s}")
+    # equal reward: the time each mode took (from step 1) until its last 10 steps averaged the reward
+    # of the sync run's last 10 steps
+    target = float(np.mean(results["sync"]["rewards"][-10:]))
+    sync_to = time_to(results["sync"], target)
+    print(f"{'mode':12s} {'steps':>6s} {'steps 2..N s':>13s} {'total s':>9s} {'sync/this':>10s} "
+          f"{'reward last 10':>15s} {'mean lag':>9s} {'s to target':>12s} {'sync/this':>10s}")
     for mode, r in results.items():
         last = [x for x in r["rewards"][-10:] if x == x]
-        print(f"{mode:12s} {r['steps_s']:13.1f} {r['total_s']:9.1f} {base / r['steps_s']:10.2f} "
-              f"{(sum(last) / len(last) if last else float('nan')):15.3f} {r.get('staleness', 0.0):9.2f}")
+        reach = time_to(r, target)
+        per_step = (base / (len(results["sync"]["rewards"]) - 1)) / (r["steps_s"] / (len(r["rewards"]) - 1))
+        print(f"{mode:12s} {len(r['rewards']):6d} {r['steps_s']:13.1f} {r['total_s']:9.1f} {per_step:10.2f} "
+              f"{(sum(last) / len(last) if last else float('nan')):15.3f} {r.get('staleness', 0.0):9.2f} "
+              f"{(f'{reach:.1f}' if reach is not None else 'never'):>12s} "
+              f"{(f'{sync_to / reach:.2f}' if reach and sync_to else '-'):>10s}")
+    print(f"target: the sync run's last-10-step reward, {target:.3f}; sync/this per step is the ratio of "
+          "seconds a step")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from astraflow.config import Recipe
+from astraflow.config.worker import ToolLatency
 from astraflow.errors import ConfigError
 from astraflow.records import RecordError, Task, Trajectory, traj_id
 from workers.engines.base import Engine
@@ -89,6 +90,13 @@ def _error_views(task: Task, wf: Workflow, codec: Codec, error: str) -> list[Vie
     return views
 
 
+def _latency(latency: ToolLatency, seed: str) -> dict[str, Any]:
+    """The EpisodeContext arguments of `worker.tool_latency`: none when it is off."""
+    if latency.median_s <= 0:
+        return {}
+    return {"tool_latency": latency, "latency_rng": random.Random(f"{seed}#latency")}
+
+
 async def run_episode(runtime: Runtime, task: Task, episode: int, engines: dict[str, Engine],
                       worker_id: str, region: str) -> tuple[list[Trajectory], int]:
     """Run episode `episode` of `task`; returns its trajectories and the tokens it generated."""
@@ -96,7 +104,8 @@ async def run_episode(runtime: Runtime, task: Task, episode: int, engines: dict[
     wcfg = runtime.recipe.worker
     ctx = EpisodeContext(task=task, sample_index=episode, env=env, codec=runtime.codec, engines=engines,
                          temperature=wcfg.temperature, top_p=wcfg.top_p, top_k=wcfg.top_k,
-                         rng=random.Random(f"{task.task_id}#{task.attempt}#{episode}"))
+                         rng=random.Random(f"{task.task_id}#{task.attempt}#{episode}"),
+                         **_latency(wcfg.tool_latency, f"{task.task_id}#{task.attempt}#{episode}"))
     start = time.time()
     try:
         views = await wf.run(ctx)

@@ -7,6 +7,8 @@ discriminated by `type`, so its arguments are checked here, when the recipe load
 
 from __future__ import annotations
 
+import math
+import random
 from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
@@ -72,6 +74,25 @@ EngineConfig = Annotated[
 """Inference engine used for every role, chosen by `type`: `torch` (default) or `sglang`."""
 
 
+class ToolLatency(StrictModel):
+    """Simulated latency of every environment step of an episode (a tool call, a sandbox run, a web
+    request), for benchmarks of the dataflow under slow, heavy-tailed tools: each step waits a
+    lognormal delay with median `median_s` and log-standard deviation `sigma` (p99/p50 = e^(2.33
+    sigma): 10 at sigma 0.99), at most `max_s`, drawn from the episode's own random stream, so the
+    same task, attempt and episode waits the same delays wherever it runs. Off by default."""
+
+    median_s: float = Field(default=0.0, ge=0.0, le=600.0)
+    sigma: float = Field(default=0.0, ge=0.0, le=5.0)
+    max_s: float = Field(default=60.0, gt=0.0, le=3600.0)
+
+    def draw(self, rng: random.Random) -> float:
+        """One step's delay in seconds (0 when off)."""
+        if self.median_s <= 0:
+            return 0.0
+        delay = rng.lognormvariate(math.log(self.median_s), self.sigma) if self.sigma > 0 else self.median_s
+        return min(delay, self.max_s)
+
+
 class WorkerConfig(StrictModel):
     """What a rollout worker runs and how much at once."""
 
@@ -118,6 +139,8 @@ class WorkerConfig(StrictModel):
     so another worker re-runs them)."""
     metrics_every_s: float = Field(default=5.0, gt=0.0, le=3600.0)
     """Period of the worker's Metric records."""
+    tool_latency: ToolLatency = ToolLatency()
+    """Simulated latency of each environment step (benchmarks; off by default)."""
     count: int = Field(default=1, ge=0, le=256)
     """Workers `astraflow run` starts."""
     regions: list[str] = Field(default_factory=lambda: ["local"])

@@ -156,3 +156,44 @@ def test_every_builtin_env_runs_on_the_torch_engine(codec: Any, tiny_checkpoint:
         await engine.close()
 
     asyncio.run(main())
+
+
+def test_tool_latency_delays_every_environment_step_by_the_episodes_own_draws(codec: Any, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`worker.tool_latency`: each environment step of an episode waits a lognormal delay drawn from a
+    stream of the episode's own (task, attempt, episode): the same delays wherever it runs, and the
+    same trajectory as without latency."""
+    from astraflow.config.worker import ToolLatency
+
+    slept: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def fake_sleep(delay: float, *args: Any) -> None:
+        slept.append(delay)
+        await real_sleep(0)
+
+    monkeypatch.setattr(asyncio, "sleep", fake_sleep)
+    task = Task(task_id="g-6", env="guess_number", roles={"agent": "policy"}, group_size=4, prompt="G8:",
+                payload={"secret": 6, "max_number": 8})
+
+    def run(latency: dict[str, float], k: int = 1) -> tuple[Any, list[float]]:
+        slept.clear()
+        recipe = make_recipe(feeder={"env": "guess_number"}, worker={"tool_latency": latency})
+        [t] = episode(recipe, codec, task, {"policy": Scripted("policy", codec, ["3", "7", "6"])}, k=k)
+        return t, list(slept)
+
+    plain, none = run({})
+    assert none == []  # off by default: no sleep at all
+    t1, d1 = run({"median_s": 0.05, "sigma": 1.2})
+    t2, d2 = run({"median_s": 0.05, "sigma": 1.2})
+    assert len(d1) == 3 and d1 == d2 and len(set(d1)) == 3  # one draw per step, the episode's own
+    assert run({"median_s": 0.05, "sigma": 1.2}, k=2)[1] != d1  # another episode, other delays
+    assert codec.text(t1.tokens.tolist()) == codec.text(plain.tokens.tolist())
+    assert t1.timings["env_s"] >= 0 and t1.rewards == plain.rewards
+    assert run({"median_s": 0.05})[1] == [0.05] * 3  # sigma 0: a constant delay
+    assert max(run({"median_s": 0.05, "sigma": 5.0, "max_s": 0.2})[1]) <= 0.2  # capped
+    # the distribution: median and tail as documented (p99/p50 = e^(2.33 sigma), 16 at sigma 1.2)
+    import random
+
+    draws = sorted(ToolLatency(median_s=0.05, sigma=1.2).draw(random.Random(i)) for i in range(4000))
+    p50, p99 = draws[2000], draws[3960]
+    assert 0.045 < p50 < 0.056 and 11 < p99 / p50 < 24
