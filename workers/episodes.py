@@ -11,6 +11,7 @@ so a group never waits for a trajectory that will not come.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 from typing import Any
@@ -18,7 +19,6 @@ from typing import Any
 import numpy as np
 
 from astraflow.config import Recipe
-from astraflow.config.worker import ToolLatency
 from astraflow.errors import ConfigError
 from astraflow.records import RecordError, Task, Trajectory, traj_id
 from workers.engines.base import Engine
@@ -90,22 +90,17 @@ def _error_views(task: Task, wf: Workflow, codec: Codec, error: str) -> list[Vie
     return views
 
 
-def _latency(latency: ToolLatency, seed: str) -> dict[str, Any]:
-    """The EpisodeContext arguments of `worker.tool_latency`: none when it is off."""
-    if latency.median_s <= 0:
-        return {}
-    return {"tool_latency": latency, "latency_rng": random.Random(f"{seed}#latency")}
-
-
 async def run_episode(runtime: Runtime, task: Task, episode: int, engines: dict[str, Engine],
                       worker_id: str, region: str) -> tuple[list[Trajectory], int]:
     """Run episode `episode` of `task`; returns its trajectories and the tokens it generated."""
     env, wf = runtime.resolve(task)
     wcfg = runtime.recipe.worker
+    seed = f"{task.task_id}#{task.attempt}#{episode}"
+    latency = wcfg.tool_latency
     ctx = EpisodeContext(task=task, sample_index=episode, env=env, codec=runtime.codec, engines=engines,
-                         temperature=wcfg.temperature, top_p=wcfg.top_p, top_k=wcfg.top_k,
-                         rng=random.Random(f"{task.task_id}#{task.attempt}#{episode}"),
-                         **_latency(wcfg.tool_latency, f"{task.task_id}#{task.attempt}#{episode}"))
+                         temperature=wcfg.temperature, top_p=wcfg.top_p, top_k=wcfg.top_k, rng=random.Random(seed),
+                         step_delay=functools.partial(latency.draw, random.Random(f"{seed}#latency"))
+                         if latency.median_s > 0 else None)
     start = time.time()
     try:
         views = await wf.run(ctx)

@@ -7,6 +7,7 @@ for every consumer, so the components downstream never re-check types, lengths o
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -233,7 +234,7 @@ class FloatMap(Kind):
             raise _fail(field, "must not be empty")
         if len(value) > MAX_MAP_ITEMS:
             raise _fail(field, f"more than {MAX_MAP_ITEMS} entries ({len(value)})")
-        number = self._number()
+        number = self._values
         out: dict[str, float] = {}
         for k, v in value.items():
             try:  # the field's name is spelt out only for an error: building it cost more than the check
@@ -244,12 +245,13 @@ class FloatMap(Kind):
         return out
 
 
+    @functools.cached_property
+    def _values(self) -> Kind:
+        """The kind of the values, made once per map kind (checking a map made it at every call)."""
+        return self._number()
+
     def _number(self) -> Kind:
-        number = self.__dict__.get("_number_kind")
-        if number is None:
-            number = Float(min=self.min, max=self.max)
-            object.__setattr__(self, "_number_kind", number)  # frozen: made once per map kind
-        return number
+        return Float(min=self.min, max=self.max)
 
 
 @dataclass(frozen=True)
@@ -257,11 +259,7 @@ class IntMap(FloatMap):
     """A map from names to integers (weight versions per policy)."""
 
     def _number(self) -> Kind:
-        number = self.__dict__.get("_number_kind")
-        if number is None:
-            number = Int(min=None if self.min is None else int(self.min), max=None if self.max is None else int(self.max))
-            object.__setattr__(self, "_number_kind", number)
-        return number
+        return Int(min=None if self.min is None else int(self.min), max=None if self.max is None else int(self.max))
 
 
 @dataclass(frozen=True)

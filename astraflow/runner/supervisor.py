@@ -180,9 +180,9 @@ class Supervisor:
         every component at once (a finished run: nothing downstream is waited for any more; each one
         still drains and commits on its own, as it does for any SIGTERM), ~2 s sooner than by stage."""
         self.stopping = True
-        stages = [None] if together else sorted({c.stage for c in self.components}, reverse=True)
-        for stage in stages:
-            group = [c for c in self.components if (together or c.stage == stage) and c.running]
+        stage_of: Callable[[Component], int] = (lambda c: 0) if together else (lambda c: c.stage)
+        for stage in sorted({stage_of(c) for c in self.components}, reverse=True):
+            group = [c for c in self.components if stage_of(c) == stage and c.running]
             for c in group:
                 self.on_event(f"stopping {c.name}")
                 with contextlib.suppress(ProcessLookupError):

@@ -135,13 +135,11 @@ class WeightStore:
 
         `version` must follow the latest one; version 0, a store without versions, or
         `snapshot=True` with a gap write a snapshot only (no delta base)."""
-        import torch
-
         latest = self.latest
         unique, aliases = fmt.split_aliases(state)
-        unique = {k: v.detach().to("cpu", self._torch_dtype if v.is_floating_point() else v.dtype,
-                                   memory_format=torch.contiguous_format, copy=True)
-                  for k, v in unique.items()}  # one copy (a cast then a clone copied a float32 state twice)
+        # one copy of a (contiguous) parameter: a cast then a clone copied a float32 state twice
+        unique = {k: v.detach().to("cpu", self._torch_dtype if v.is_floating_point() else v.dtype, copy=True)
+                  .contiguous() for k, v in unique.items()}
         if latest is not None and version <= latest:
             raise WeightStoreError(f"{self.policy}: version {version} is not after the latest {latest}")
         chained = latest is not None and version == latest + 1

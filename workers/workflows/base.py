@@ -12,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from astraflow.config import StrictModel, validate_model
-from astraflow.config.worker import ToolLatency
 from astraflow.errors import ConfigError
 from astraflow.records import Task
 from workers.engines.base import Engine, GenResult, SamplingParams
@@ -70,10 +69,9 @@ class EpisodeContext:
     top_p: float = 1.0
     top_k: int = 0
     rng: random.Random = field(default_factory=random.Random)
-    tool_latency: ToolLatency | None = None
-    """Simulated latency of each environment step (`worker.tool_latency`), drawn from `latency_rng`
-    (a stream of its own: the environment's draws from `rng` are the same with latency or without)."""
-    latency_rng: random.Random | None = None
+    step_delay: Callable[[], float] | None = None
+    """Seconds each environment step waits first: `worker.tool_latency`'s draws from a random stream
+    of their own (the environment's draws from `rng` are the same with latency or without)."""
     timings: dict[str, float] = field(default_factory=lambda: {"generate_s": 0.0, "env_s": 0.0})
     generated_tokens: int = 0
 
@@ -105,12 +103,7 @@ class EpisodeContext:
 
     async def step(self, state: Any, action: list[int]) -> Step:
         start = time.monotonic()
-        delay = 0.0
-        if self.tool_latency is not None:
-            if self.latency_rng is None:
-                self.latency_rng = random.Random()
-            delay = self.tool_latency.draw(self.latency_rng)
-        if delay > 0:
+        if self.step_delay is not None and (delay := self.step_delay()) > 0:
             await asyncio.sleep(delay)
         out = await self.env.step(state, action, self.codec)
         self.timings["env_s"] += time.monotonic() - start
