@@ -9,7 +9,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import socket
 import threading
 import time
@@ -18,8 +20,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from astraflow.config.kafka import KafkaSettings
-from astraflow.errors import AstraFlowError, RecordError
+from astraflow.errors import AstraFlowError, ConfigError, RecordError
 from astraflow.records import Record, decode, encode
+
+WARM_TIMEOUT_S = 2.0  # make_producer: how long a new producer waits for its first connection
+TOPICS_WAIT_ENV = "ASTRAFLOW_TOPICS_WAIT_S"  # wait_for_topics: how long a component waits for its topics
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +118,17 @@ def make_admin(settings: KafkaSettings) -> Any:
 
 
 def make_producer(settings: KafkaSettings, **overrides: Any) -> Any:
-    from confluent_kafka import Producer
+    """An idempotent producer, connected. librdkafka asks for its producer id when it is created;
+    with no broker connection up yet it retries 500 ms later, and every record waits for the id:
+    each component's first delivery took 0.5 s (1 s on a new broker). A metadata request first
+    (~60 ms) brings the connection up and the id with it. Best effort: a broker that does not
+    answer within `WARM_TIMEOUT_S` is the producer's to retry, as before."""
+    from confluent_kafka import KafkaException, Producer
 
-    return Producer(producer_config(settings, **overrides))
+    producer = Producer(producer_config(settings, **overrides))
+    with contextlib.suppress(KafkaException):
+        producer.list_topics(timeout=WARM_TIMEOUT_S)
+    return producer
 
 
 class DeliveryError(AstraFlowError):
@@ -217,6 +230,58 @@ def partitions_of(client: Any, topic: str, timeout: float = 15.0) -> list[int]:
     if meta is None or meta.error is not None:
         return []
     return sorted(meta.partitions)
+
+
+def _accepting(bootstrap: str, timeout: float = 0.5) -> bool:
+    """Whether any bootstrap server accepts a TCP connection (no Kafka client: librdkafka logs an
+    error line for every refused connection while a broker boots)."""
+    for server in bootstrap.split(","):
+        host, _, port = server.strip().rpartition(":")
+        with contextlib.suppress(OSError, ValueError):
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+            return True
+    return False
+
+
+def wait_for_topics(settings: KafkaSettings, bases: list[str], timeout_s: float | None = None,
+                    interval_s: float = 0.1) -> None:
+    """Return once the broker answers and has every topic of `bases`, for up to `timeout_s` (default:
+    $ASTRAFLOW_TOPICS_WAIT_S, else no wait); then a ConfigError naming the missing ones. `astraflow
+    run` sets the variable for its components and starts them while its broker boots: they import
+    torch and load their models meanwhile and connect once the run has created the topics. Started
+    alone, a component does not wait: a missing topic is its clear error at once, as before."""
+    from confluent_kafka import KafkaException
+
+    if timeout_s is None:
+        timeout_s = float(os.environ.get(TOPICS_WAIT_ENV) or 0)
+    if timeout_s <= 0:
+        return
+    bootstrap = settings.require_bootstrap()
+    names = [settings.topic(b) for b in bases]
+    deadline = time.monotonic() + timeout_s
+    next_note = time.monotonic() + 10.0
+    admin = None
+    missing = names
+    while True:
+        if admin is None and _accepting(bootstrap):
+            admin = make_admin(settings)
+        if admin is not None:
+            try:
+                missing = [n for n in names if not partitions_of(admin, n, timeout=5.0)]
+            except KafkaException:  # up, but not answering yet
+                missing = names
+            if not missing:
+                return
+        now = time.monotonic()
+        if now >= deadline:
+            where = "its topics" if admin is not None else "no answer"
+            raise ConfigError(f"Kafka at {bootstrap}: {where}; missing topic(s) {', '.join(missing)} after "
+                              f"{timeout_s:.0f}s. The broker does not create topics on use: create them with "
+                              f"`astraflow topics apply --recipe <recipe>` (namespace {settings.namespace!r})")
+        if now >= next_note:
+            log.info("waiting for Kafka at %s and topic(s) %s", bootstrap, ", ".join(missing))
+            next_note = now + 10.0
+        time.sleep(interval_s)
 
 
 def make_consumer(settings: KafkaSettings, group: str | None = None, **overrides: Any) -> Any:

@@ -31,7 +31,7 @@ from typing import Any
 from astraflow.config import Recipe
 from astraflow.config.kafka import KafkaSettings
 from astraflow.errors import ConfigError
-from astraflow.kafka import fetch_limit, make_admin, resolve
+from astraflow.kafka import fetch_limit, make_admin, resolve, wait_for_topics
 from astraflow.kafka_faust import faust_settings
 from astraflow.topics import DEADLETTER, METRICS, TASK_STATS, TRAJECTORIES
 from astraflow.topics import samples as samples_topic
@@ -131,6 +131,7 @@ def create_app(recipe: Recipe, *, kafka: KafkaSettings | None = None, data_dir: 
     bases = [TRAJECTORIES, *(samples_topic(p) for p in recipe.policy_names), DEADLETTER, METRICS]
     if with_stats:
         bases.append(TASK_STATS)
+    wait_for_topics(settings, bases)  # started by `astraflow run` while its broker boots
     cluster = check_topics(settings, bases)
     traj_topic = settings.topic(TRAJECTORIES)
     n_parts = cluster.partitions[traj_topic]

@@ -53,7 +53,7 @@ from astraflow.config import Recipe
 from astraflow.config.kafka import KafkaSettings
 from astraflow.deadletters import DeadLetters
 from astraflow.errors import AstraFlowError
-from astraflow.kafka import Publisher
+from astraflow.kafka import Publisher, wait_for_topics
 from astraflow.metrics import MetricsReporter
 from astraflow.models import init_checkpoint, load_model, load_tokenizer
 from astraflow.records import WeightVersion
@@ -144,6 +144,7 @@ class Trainer:
     def _setup_leader(self) -> None:
         settings = self.settings
         assert settings is not None
+        wait_for_topics(settings, [f"samples.{self.policy}", "weights"])  # its model is loaded: now Kafka
         cfg = self.cfg
         self.server = None
         store_root = Path(cfg.store_dir) if cfg.store_dir else self.run_dir / "weights"

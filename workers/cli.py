@@ -77,9 +77,11 @@ def register(app: typer.Typer) -> None:
         max_tasks: Annotated[int | None, typer.Option(help="Stop after this many tasks (overrides the recipe).")] = None,
     ) -> None:
         """Write tasks to the `tasks` topic, with admission control and selective rollout."""
+        from astraflow.kafka import wait_for_topics
         from workers.feeder import Feeder
 
         cfg, rd, settings = _setup(recipe, run_dir, bootstrap)
+        wait_for_topics(settings, ["tasks", "weights"])  # started by `astraflow run` while its broker boots
         if max_tasks is not None:
             cfg = cfg.model_copy(update={"feeder": cfg.feeder.model_copy(update={"max_tasks": max_tasks})})
         n = Feeder(cfg, rd, settings, jsonl=jsonl).run()

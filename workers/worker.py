@@ -35,7 +35,7 @@ from astraflow.config import KafkaSettings, Recipe
 from astraflow.deadletters import DeadLetters, decode_or_deadletter
 from astraflow.errors import AstraFlowError, ConfigError
 from astraflow.failpoints import episode_delay_s
-from astraflow.kafka import Publisher, TopicReader
+from astraflow.kafka import Publisher, TopicReader, wait_for_topics
 from astraflow.metrics import MetricsReporter
 from astraflow.records import Task, Trajectory, batches
 from workers.engines import build_engine
@@ -127,6 +127,7 @@ class Worker:
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self.stop)
         await asyncio.to_thread(self._build)
+        await asyncio.to_thread(wait_for_topics, self.settings, ["tasks", "trajectories", "weights"])
         self.publisher = Publisher(self.settings)
         self.dead = DeadLetters(self.publisher, "worker")
         self.metrics = MetricsReporter(self.publisher, "worker", self.worker_id, self.region,

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from astraflow.broker import secure
+from astraflow.broker import classdata, secure
 from astraflow.broker.jars import LOG4J, _file_lock, cache_home, ensure_jars, find_java, kafka_version
 from astraflow.errors import BrokerError
 
@@ -214,13 +214,16 @@ def jvm_flags(heap: str) -> list[str]:
 
 def start(port: int = 9092, data_dir: Path | None = None, heap: str = "512m", timeout: float = 180.0,
           progress: Callable[[str], None] = lambda _: None, die_with_parent: bool = False,
-          secured: bool = False, listeners: dict[str, str] | None = None) -> BrokerState:
+          secured: bool = False, listeners: dict[str, str] | None = None,
+          on_address: Callable[[str], None] | None = None) -> BrokerState:
     """Start a broker (or return the one already running in `data_dir`). `port=0` picks a free port.
     With `die_with_parent`, the JVM gets SIGTERM if the calling process dies (`astraflow run`).
     With `secured`, the client listener is SASL_SSL (SCRAM-SHA-512) and ACLs are enforced; the CA,
     certificates and credentials are made in `data_dir/secure` (see `astraflow.broker.secure`). A data
     directory formatted one way cannot be started the other way. `listeners` adds PLAINTEXT listeners,
-    name -> `BIND_HOST:PORT=ADVERTISED_HOST:PORT`, e.g. one per simulated region."""
+    name -> `BIND_HOST:PORT=ADVERTISED_HOST:PORT`, e.g. one per simulated region. `on_address` is
+    called with the bootstrap address once it is chosen, before the JVM boots (a broker already
+    running in `data_dir` is returned without it): `astraflow run` starts what is slow to start meanwhile."""
     data_dir = (data_dir or default_data_dir()).expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     with _file_lock(data_dir / ".lock"):
@@ -244,6 +247,8 @@ def start(port: int = 9092, data_dir: Path | None = None, heap: str = "512m", ti
         controller_port = state.controller_port if state and port_is_free(state.controller_port) else free_port()
         if controller_port == port:
             controller_port = free_port()
+        if on_address is not None:
+            on_address(f"127.0.0.1:{port}")
         logs = data_dir / "logs"
         logs.mkdir(exist_ok=True)
         passwords = None
@@ -258,7 +263,7 @@ def start(port: int = 9092, data_dir: Path | None = None, heap: str = "512m", ti
                                                           listeners=listeners))
         cluster_id = _format_storage(java, libs, data_dir, props, state, passwords=passwords)
         log_file = logs / "kafka.log"
-        cmd = [java, *jvm_flags(heap), f"-Dlog4j2.configurationFile=file:{LOG4J}",
+        cmd = [java, *jvm_flags(heap), *classdata.broker_flags(java, libs, data_dir), f"-Dlog4j2.configurationFile=file:{LOG4J}",
                f"-Dkafka.logs.dir={logs}", f"-Dastraflow.data.dir={data_dir}",
                "-cp", f"{libs}/*", "kafka.Kafka", str(props)]
         started = time.time()
@@ -311,7 +316,8 @@ def _format_storage(java: str, libs: Path, data_dir: Path, props: Path, state: B
         if match:
             return match.group(1)
     cluster_id = cluster_id or new_cluster_id()
-    cmd = [java, "-Xmx256m", f"-Dlog4j2.configurationFile=file:{LOG4J}", f"-Dkafka.logs.dir={data_dir / 'logs'}",
+    cmd = [java, "-Xmx256m", *classdata.tool_flags(java, libs), f"-Dlog4j2.configurationFile=file:{LOG4J}",
+           f"-Dkafka.logs.dir={data_dir / 'logs'}",
            "-cp", f"{libs}/*", "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props),
            "--ignore-formatted", *(secure.scram_format_args(passwords) if passwords else [])]
     result = subprocess.run(cmd, capture_output=True, text=True)
@@ -332,7 +338,7 @@ def _terminate(pid: int, data_dir: Path, timeout: float) -> bool:
         _reap(pid)
         if not _is_our_jvm(pid, data_dir):
             return True
-        time.sleep(0.2)
+        time.sleep(0.05)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     for _ in range(50):
@@ -357,6 +363,9 @@ def stop(data_dir: Path | None = None, timeout: float = 30.0) -> BrokerState | N
     if state is None:
         return None
     stopped = _terminate(state.pid, data_dir, timeout)
+    if stopped:
+        with contextlib.suppress(Exception):  # a faster next start, never a failed stop
+            classdata.adopt(find_java(), ensure_jars(), data_dir)
     with contextlib.suppress(FileNotFoundError):
         (data_dir / "broker.pid").unlink()
     with contextlib.suppress(FileNotFoundError):

@@ -32,7 +32,7 @@ from astraflow import broker, topics
 from astraflow.broker import acls, secure
 from astraflow.config import KafkaSettings, Recipe, load_recipe
 from astraflow.errors import ConfigError
-from astraflow.kafka import make_admin
+from astraflow.kafka import TOPICS_WAIT_ENV, make_admin, make_producer
 from astraflow.runner.advice import advise, measure, rows_from_history
 from astraflow.runner.collector import MetricsCollector
 from astraflow.runner.dashboard import render
@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 ADVICE_EVERY_S = 10.0  # how often the dashboard measures what bounds the run
 ADVICE_WINDOW_S = 120.0  # over the last this many seconds: recent enough to follow a change of workers
 FINISHED = "every trainer reached"  # the stop reason of a run that reached its steps
+TOPICS_WAIT_S = 300  # how long a component waits for the run's topics: a broker's first start, then them
 
 
 @dataclass
@@ -125,6 +126,8 @@ class Run:
         self.stop_reason = "running"
         self.started_broker = False
         self.admin: Any = None
+        self.producer_ids: Any = None
+        self.sup: Supervisor | None = None
         self._signals = 0
 
     def event(self, message: str) -> None:
@@ -144,10 +147,28 @@ class Run:
                 settings = settings.model_copy(update={"namespace": self.recipe.name})
             self.event(f"using Kafka at {settings.bootstrap} (namespace {settings.namespace})")
             return settings
-        state = broker.start(port=0, data_dir=self.run_dir / "broker", progress=self.event, die_with_parent=True)
+        state = broker.start(port=0, data_dir=self.run_dir / "broker", progress=self.event, die_with_parent=True,
+                             on_address=lambda b: self._start_early(settings.model_copy(update={"bootstrap": b})))
         self.started_broker = True
         self.event(f"local Kafka {broker.kafka_version()} at {state.bootstrap} (data {self.run_dir / 'broker'})")
         return settings.model_copy(update={"bootstrap": state.bootstrap})
+
+    def _supervisor(self, settings: KafkaSettings) -> Supervisor:
+        env = {**os.environ, **self.opts.extra_env, "ASTRAFLOW_BOOTSTRAP": settings.require_bootstrap(),
+               TOPICS_WAIT_ENV: str(TOPICS_WAIT_S)}
+        if settings.namespace:
+            env["ASTRAFLOW_NAMESPACE"] = settings.namespace
+        sup = Supervisor(self.run_dir, env, on_event=self.event)
+        for c in components(self.recipe, self.recipe_path, self.run_dir, self.opts):
+            sup.add(c)
+        return sup
+
+    def _start_early(self, settings: KafkaSettings) -> None:
+        """Every component, while the local broker boots: each waits for its topics (TOPICS_WAIT_S)
+        after its imports and models. Started once the broker answered, trainers and workers took
+        ~6 s on 2 cores to import torch and load their models, on the way to the first step."""
+        self.sup = self._supervisor(settings)
+        self.sup.start_all()
 
     def _secure_kafka(self, settings: KafkaSettings) -> KafkaSettings:
         """The run's own secured broker; this process connects as its `admin` super user."""
@@ -199,40 +220,37 @@ class Run:
         previous = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         self.event(("resuming" if resumed else "starting") + f" {self.recipe.name} in {self.run_dir}")
         started = time.time()
-        settings = self._kafka()
-        sup: Supervisor | None = None
         collector: MetricsCollector | None = None
         try:
+            settings = self._kafka()
+            # a new broker answers the first producer-id request "coordinator load in progress" while it
+            # fetches a block of ids from its controller, and librdkafka retries 0.5 s later: asked here,
+            # the block is there when the components' producers ask
+            self.producer_ids = make_producer(settings, log_level=3)  # not its expected retry warning
             specs = topics.expand(topics.load_spec(), self.recipe.policy_names, settings)
             self.admin = make_admin(settings)  # held for the whole run, never freed while clients work
             report = topics.apply(self.admin, specs)
             self.event(f"topics: {len(report.created)} created, {len(report.unchanged)} unchanged")
-            env = {**os.environ, **self.opts.extra_env, "ASTRAFLOW_BOOTSTRAP": settings.require_bootstrap()}
-            if settings.namespace:
-                env["ASTRAFLOW_NAMESPACE"] = settings.namespace
-            sup = Supervisor(self.run_dir, env, on_event=self.event)
-            comps = components(self.recipe, self.recipe_path, self.run_dir, self.opts)
-            if self.opts.secure:
-                self._grant(settings, comps)
-            for c in comps:
-                sup.add(c)
+            self.sup = self.sup or self._supervisor(settings)
+            if self.opts.secure:  # every component starts here, after its grants
+                self._grant(settings, self.sup.components)
             collector = MetricsCollector(settings, jsonl=self.run_dir / "metrics.jsonl",
                                   streams_group=self.recipe.streams.app_id,
                                   worker_group=self.recipe.worker.group).start()
-            sup.start_all()
-            self._watch(sup, collector, started)
+            self.sup.start_all()
+            self._watch(self.sup, collector, started)
         except KeyboardInterrupt:
             self.stop_reason = "interrupted twice"
-            if sup is not None:
-                sup.kill_all()
+            if self.sup is not None:
+                self.sup.kill_all()
         finally:
-            if sup is not None:
-                sup.stop_all(together=self.stop_reason.startswith(FINISHED))
+            if self.sup is not None:
+                self.sup.stop_all(together=self.stop_reason.startswith(FINISHED))
             if collector is not None:
                 collector.stop()
             # the last client of this process: freed before the broker stops, or librdkafka prints a
             # "Connection refused" line a second after the run has ended
-            self.admin = None
+            self.admin = self.producer_ids = None
             # the broker's JVM takes ~2 s to shut down: the report is written meanwhile (unless the
             # run is failing, then the broker is stopped before the error goes on)
             broker_stop = self._stop_broker() if self.started_broker else None
@@ -240,6 +258,7 @@ class Run:
                 self._join_broker(broker_stop)  # the code after this block does not run
             for s, h in previous.items():
                 signal.signal(s, h)
+        sup: Supervisor | None = self.sup
         try:
             restarts = {c.name: c.restarts for c in sup.components if c.restarts} if sup else {}
             extra = {"recipe": self.recipe.name, "run_dir": str(self.run_dir), "stop_reason": self.stop_reason,

@@ -132,13 +132,13 @@ class Supervisor:
         c.started_at = time.time()
         c.exit_code = None
 
-    def start_all(self, ready: Callable[[Component], bool] | None = None) -> None:
-        """Start every component, stage by stage."""
+    def start_all(self) -> None:
+        """Start every component not started yet, stage by stage."""
         for c in sorted(self.components, key=lambda c: c.stage):
+            if c.started_at:
+                continue
             self._spawn(c)
             self.on_event(f"started {c.name} (PID {c.proc.pid if c.proc else '?'})")
-            if ready is not None:
-                ready(c)
 
     def poll(self) -> list[Component]:
         """Reap exits; restart crashed components whose backoff has passed. Returns the components

@@ -143,3 +143,24 @@ def test_a_finished_run_stops_every_stage_at_once(tmp_path: Path) -> None:
         for c in sup.components:
             if c.proc is not None:
                 c.proc.kill()
+
+
+def test_start_all_starts_only_what_is_not_started_yet(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`astraflow run` starts its components while its broker boots, then calls start_all again
+    once the topics are there (the only call on a secured or configured broker): none twice."""
+    from astraflow.runner.supervisor import Component, Supervisor
+
+    sup = Supervisor(tmp_path, env=subprocess_env())
+    spawned: list[str] = []
+
+    def spawn(c: Component) -> None:
+        spawned.append(c.name)
+        c.started_at = time.time()
+
+    monkeypatch.setattr(sup, "_spawn", spawn)
+    for stage, name in enumerate(("trainer-solver", "streams")):
+        sup.add(Component(name, [], stage=stage))
+    sup.start_all()
+    sup.add(Component("feeder", [], stage=3))
+    sup.start_all()
+    assert spawned == ["trainer-solver", "streams", "feeder"]

@@ -183,3 +183,46 @@ def test_read_to_end_passes_offsets_that_hold_no_message(kafka: KafkaSettings, t
         started = time.monotonic()
         got = [decode(m.value()) for m in reader.to_end(timeout=20)]
     assert got == [record] and time.monotonic() - started < 15
+
+
+def test_wait_for_topics_returns_when_they_are_created(kafka: KafkaSettings) -> None:
+    """A component started while its run creates the topics: it waits for them, then goes on."""
+    import threading
+
+    from astraflow import topics as topic_spec
+    from astraflow.kafka import make_admin, wait_for_topics
+
+    specs = topic_spec.expand(topic_spec.load_spec(), ["policy"], kafka)
+    later = threading.Timer(1.5, lambda: topic_spec.apply(make_admin(kafka), specs))
+    later.start()
+    started = time.monotonic()
+    try:
+        wait_for_topics(kafka, ["tasks", "samples.policy"], timeout_s=60)
+    finally:
+        later.join()
+    assert time.monotonic() - started >= 1.0  # it did wait for them
+
+
+def test_wait_for_topics_names_the_missing_ones_after_its_timeout(kafka: KafkaSettings, topics) -> None:  # type: ignore[no-untyped-def]
+    from astraflow.errors import ConfigError
+    from astraflow.kafka import wait_for_topics
+
+    topics()
+    with pytest.raises(ConfigError, match=rf"missing topic\(s\) {kafka.topic('nope')} after 1s.*topics apply"):
+        wait_for_topics(kafka, ["tasks", "nope"], timeout_s=1.0)
+
+
+def test_wait_for_topics_does_not_wait_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Started alone (no ASTRAFLOW_TOPICS_WAIT_S), a component gets its missing-topic error at once."""
+    from astraflow.errors import ConfigError
+    from astraflow.kafka import TOPICS_WAIT_ENV, wait_for_topics
+
+    monkeypatch.delenv(TOPICS_WAIT_ENV, raising=False)
+    nowhere = KafkaSettings(bootstrap="127.0.0.1:9", namespace="x")  # nothing listens on port 9
+    started = time.monotonic()
+    wait_for_topics(nowhere, ["tasks"])
+    assert time.monotonic() - started < 0.5
+
+    monkeypatch.setenv(TOPICS_WAIT_ENV, "0.5")  # asked: it waits, then names what it waited for
+    with pytest.raises(ConfigError, match=r"127\.0\.0\.1:9: no answer; missing topic\(s\) x\.tasks"):
+        wait_for_topics(nowhere, ["tasks"])
