@@ -154,6 +154,10 @@ class QuietWorker(faust.Worker):
         super().__init__(*args, **kwargs)
         self.spinner = None
 
+    async def _sentinel_task(self) -> None:
+        """mode's `Worker._shutdown_loop` runs this last, after the app has stopped, committed and
+        flushed: mode sleeps 1 s in it, and every run's end waited that second for streams to exit."""
+
     @property
     def shortlabel(self) -> str:
         # the label of faust.Worker's log lines: "[^Worker]: Ready" is the line operators and

@@ -25,9 +25,10 @@ def register(app: typer.Typer) -> None:
         step, checkpoint and exit 0."""
         from astraflow.config import load_recipe
         from astraflow.kafka import resolve
+        from astraflow.runner.supervisor import exit_now
         from trainer.service import Trainer
 
         loaded = load_recipe(recipe)
         loaded.model_for(policy)  # an unknown policy fails before anything connects
         service = Trainer(loaded, policy, run_dir=run_dir, settings=resolve(loaded.kafka), max_steps=max_steps)
-        raise typer.Exit(service.run())
+        exit_now(service.run())

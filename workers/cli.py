@@ -62,11 +62,13 @@ def register(app: typer.Typer) -> None:
 
         from transformers.utils import logging as hf_logging
 
+        from astraflow.runner.supervisor import exit_now
         from workers.worker import Worker
 
         hf_logging.disable_progress_bar()
         cfg, rd, settings = _setup(recipe, run_dir, bootstrap)
         asyncio.run(Worker(cfg, rd, settings, worker_id=id, region=region).run())
+        exit_now(0)
 
     @app.command("feed")
     def feed(
@@ -78,6 +80,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write tasks to the `tasks` topic, with admission control and selective rollout."""
         from astraflow.kafka import wait_for_topics
+        from astraflow.runner.supervisor import exit_now
         from workers.feeder import Feeder
 
         cfg, rd, settings = _setup(recipe, run_dir, bootstrap)
@@ -86,3 +89,4 @@ def register(app: typer.Typer) -> None:
             cfg = cfg.model_copy(update={"feeder": cfg.feeder.model_copy(update={"max_tasks": max_tasks})})
         n = Feeder(cfg, rd, settings, jsonl=jsonl).run()
         typer.echo(f"fed {n} tasks", err=True)
+        exit_now(0)

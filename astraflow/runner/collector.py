@@ -104,7 +104,7 @@ class MetricsCollector:
         next_lag = 0.0
         try:
             while not self._stop.is_set():
-                for msg in reader.consume(500, 0.5):
+                for msg in reader.consume(500, 0.1):  # stop() waits for this wait: at a run's end
                     self._ingest(msg.topic(), msg.value(), out)
                 if out is not None:
                     out.flush()

@@ -36,7 +36,7 @@ from astraflow.kafka import TOPICS_WAIT_ENV, make_admin, make_producer
 from astraflow.runner.advice import advise, measure, rows_from_history
 from astraflow.runner.collector import MetricsCollector
 from astraflow.runner.dashboard import render
-from astraflow.runner.report import summary_text, write_report
+from astraflow.runner.report import preload, summary_text, write_report
 from astraflow.runner.stall import StallDetector, observe
 from astraflow.runner.supervisor import Component, Supervisor
 from astraflow.weights.auth import SECRET_ENV
@@ -244,6 +244,7 @@ class Run:
             if self.sup is not None:
                 self.sup.kill_all()
         finally:
+            threading.Thread(target=preload, name="report-imports", daemon=True).start()
             if self.sup is not None:
                 self.sup.stop_all(together=self.stop_reason.startswith(FINISHED))
             if collector is not None:
@@ -334,7 +335,7 @@ class Run:
                 elif sup.failed():
                     self.stop_reason = "failed: " + ", ".join(c.name for c in sup.failed())
                 else:
-                    time.sleep(0.5)
+                    sup.wait_for_exit(trainers, 0.5)  # a trainer that reached its steps is seen at once
         self.event(f"stopping: {self.stop_reason}")
 
     def _progress_line(self, snap: Any) -> None:

@@ -164,3 +164,32 @@ def test_start_all_starts_only_what_is_not_started_yet(tmp_path: Path, monkeypat
     sup.add(Component("feeder", [], stage=3))
     sup.start_all()
     assert spawned == ["trainer-solver", "streams", "feeder"]
+
+
+def test_exit_now_keeps_what_the_component_wrote(tmp_path: Path) -> None:
+    """A component ends with os._exit once its service returned: its buffered output and log lines
+    are flushed first, and its exit status is kept; the interpreter's teardown is skipped."""
+    child = textwrap.dedent("""
+        import atexit, logging, sys
+        from astraflow.runner.supervisor import exit_now
+        logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
+        atexit.register(lambda: print("teardown ran", flush=True))
+        logging.getLogger("c").info("logged before exit")
+        sys.stdout.write("fed 12 tasks")  # no newline, no flush: still in the buffer
+        exit_now(3)
+    """)
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=subprocess_env(),
+                         timeout=60)
+    assert out.returncode == 3
+    assert out.stdout == "fed 12 tasks" and "logged before exit" in out.stderr
+
+
+def test_wait_for_exit_returns_when_a_component_exits(tmp_path: Path) -> None:
+    from astraflow.runner.supervisor import Component, Supervisor
+
+    c = Component("trainer-solver", [], stage=0)
+    c.proc = subprocess.Popen([sys.executable, "-c", "pass"], env=subprocess_env())
+    c.proc.wait()
+    started = time.monotonic()
+    Supervisor.wait_for_exit([c], 120)
+    assert time.monotonic() - started < 60  # not its whole timeout

@@ -43,3 +43,18 @@ def test_quiet_worker_logs_under_the_worker_label(caplog):
     with caplog.at_level(logging.INFO):
         worker.log.info("Ready")
     assert "[^Worker]: Ready" in caplog.text
+
+
+def test_quiet_worker_exits_without_modes_closing_second():
+    """mode's loop shutdown ends on `_sentinel_task`, a 1 s sleep after the app has stopped and
+    committed: QuietWorker's completes without suspending (if mode stops calling it, this goes)."""
+    import inspect
+
+    import mode
+
+    assert "_sentinel_task" in inspect.getsource(mode.Worker._shutdown_loop)
+    app = faust.App("test-faust-glue-exit", broker="kafka://127.0.0.1:1")
+    worker = QuietWorker(app, loglevel="warn", quiet=True)
+    coro = worker._sentinel_task()
+    with pytest.raises(StopIteration):  # finished at its first step: no sleep to wait on
+        coro.send(None)
