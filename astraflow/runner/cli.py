@@ -27,12 +27,12 @@ def register(app: typer.Typer) -> None:
         import sys
 
         from astraflow.runner.run import Run, RunOptions
+        from astraflow.runner.supervisor import exit_now
 
         show = sys.stderr.isatty() if dashboard is None else dashboard
         summary = Run(recipe, RunOptions(max_steps=max_steps, max_minutes=max_minutes, run_dir=run_dir,
                                          dashboard=show, workers=workers, secure=secure)).execute()
-        if summary.get("failed"):
-            raise typer.Exit(1)
+        exit_now(1 if summary.get("failed") else 0)  # its components and broker are gone, its report written
 
     @app.command("status")
     def status(

@@ -60,11 +60,11 @@ STACKS_SIGNAL = signal.SIGUSR1
 
 
 def exit_now(code: int = 0) -> NoReturn:
-    """End a component whose service has returned: logs and stdio flushed, then `os._exit`, without
-    the interpreter's teardown. Measured: a trainer took ~1 s from its last checkpoint to its exit
-    (librdkafka clients' and torch's destructors, thread joins), and the end of every run waited for
-    it. Nothing that teardown does is needed by then: the services flush their records, commit their
-    offsets and sync their checkpoints before they return."""
+    """End a component whose service has returned (or `astraflow run`, its report written): logs and
+    stdio flushed, then `os._exit`, without the interpreter's teardown. Measured: a trainer took ~1 s
+    from its last checkpoint to its exit (librdkafka clients' and torch's destructors, thread joins),
+    and the end of every run waited for it. Nothing that teardown does is needed by then: the services
+    flush their records, commit their offsets and sync their checkpoints before they return."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
