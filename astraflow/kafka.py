@@ -244,12 +244,13 @@ def _accepting(bootstrap: str, timeout: float = 0.5) -> bool:
 
 
 def wait_for_topics(settings: KafkaSettings, bases: list[str], timeout_s: float | None = None,
-                    interval_s: float = 0.1) -> None:
+                    interval_s: float = 0.1, stopped: Callable[[], bool] = lambda: False) -> None:
     """Return once the broker answers and has every topic of `bases`, for up to `timeout_s` (default:
     $ASTRAFLOW_TOPICS_WAIT_S, else no wait); then a ConfigError naming the missing ones. `astraflow
     run` sets the variable for its components and starts them while its broker boots: they import
     torch and load their models meanwhile and connect once the run has created the topics. Started
-    alone, a component does not wait: a missing topic is its clear error at once, as before."""
+    alone, a component does not wait: a missing topic is its clear error at once, as before. Returns
+    early once `stopped()` (a component asked to stop, e.g. because its run's broker failed to start)."""
     from confluent_kafka import KafkaException
 
     if timeout_s is None:
@@ -262,7 +263,7 @@ def wait_for_topics(settings: KafkaSettings, bases: list[str], timeout_s: float 
     next_note = time.monotonic() + 10.0
     admin = None
     missing = names
-    while True:
+    while not stopped():
         if admin is None and _accepting(bootstrap):
             admin = make_admin(settings)
         if admin is not None:

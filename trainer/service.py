@@ -144,7 +144,9 @@ class Trainer:
     def _setup_leader(self) -> None:
         settings = self.settings
         assert settings is not None
-        wait_for_topics(settings, [f"samples.{self.policy}", "weights"])  # its model is loaded: now Kafka
+        wait_for_topics(settings, [f"samples.{self.policy}", "weights"], stopped=lambda: self.stop_requested)
+        if self.stop_requested:  # stopped before its topics existed: nothing to connect to or close
+            return
         cfg = self.cfg
         self.server = None
         store_root = Path(cfg.store_dir) if cfg.store_dir else self.run_dir / "weights"

@@ -127,7 +127,10 @@ class Worker:
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self.stop)
         await asyncio.to_thread(self._build)
-        await asyncio.to_thread(wait_for_topics, self.settings, ["tasks", "trajectories", "weights"])
+        await asyncio.to_thread(wait_for_topics, self.settings, ["tasks", "trajectories", "weights"],
+                                stopped=self.stopping.is_set)
+        if self.stopping.is_set():  # stopped before its topics existed: nothing to connect to or close
+            return
         self.publisher = Publisher(self.settings)
         self.dead = DeadLetters(self.publisher, "worker")
         self.metrics = MetricsReporter(self.publisher, "worker", self.worker_id, self.region,

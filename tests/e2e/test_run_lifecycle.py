@@ -77,3 +77,31 @@ def test_a_killed_supervisor_takes_its_components_and_broker_with_it(tmp_path: P
     proc.kill()  # SIGKILL: no chance to clean up; PR_SET_PDEATHSIG must do it
     proc.communicate(timeout=60)
     wait_for(lambda: processes_of(run_dir) == [], 120, "every process of the run to exit")
+
+
+def test_a_broker_that_fails_to_start_stops_the_components_waiting_for_it(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The components start while the run's broker boots and wait for their topics; when the broker
+    then fails, they stop at their SIGTERM (a clean exit), not at the SIGKILL after their grace."""
+    import time
+
+    from astraflow.errors import BrokerError
+    from astraflow.runner import run as run_module
+
+    recipe = recipe_copy("arithmetic", tmp_path, model=TINY, worker={"count": 1})
+
+    def failing_start(*_args, on_address=None, **_kwargs):  # type: ignore[no-untyped-def]
+        on_address("127.0.0.1:9")  # nothing listens there: the components wait
+        time.sleep(12)  # long enough for them to load their models and reach their wait
+        raise BrokerError("the Kafka JVM exited with status 1 during start-up")
+
+    monkeypatch.setattr(run_module.broker, "start", failing_start)
+    for name, value in subprocess_env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("ASTRAFLOW_BOOTSTRAP", raising=False)
+    run = run_module.Run(recipe, run_module.RunOptions(run_dir=tmp_path / "run", dashboard=False))
+    with pytest.raises(BrokerError, match="exited with status 1"):
+        run.execute()
+    assert run.sup is not None and {c.name for c in run.sup.components} == {
+        "trainer-solver", "streams", "worker-0", "feeder"}
+    assert {c.name: c.exit_code for c in run.sup.components} == dict.fromkeys(
+        ("trainer-solver", "streams", "worker-0", "feeder"), 0)

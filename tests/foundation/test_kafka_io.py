@@ -226,3 +226,6 @@ def test_wait_for_topics_does_not_wait_unless_asked(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv(TOPICS_WAIT_ENV, "0.5")  # asked: it waits, then names what it waited for
     with pytest.raises(ConfigError, match=r"127\.0\.0\.1:9: no answer; missing topic\(s\) x\.tasks"):
         wait_for_topics(nowhere, ["tasks"])
+    asks = []  # a component asked to stop while it waits (its run's broker did not start) stops waiting
+    wait_for_topics(nowhere, ["tasks"], timeout_s=600, stopped=lambda: asks.append(1) or len(asks) > 2)
+    assert len(asks) == 3
