@@ -113,9 +113,7 @@ def preload() -> None:
 
 
 def write_plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
+    preload()  # the Agg backend before pyplot
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
