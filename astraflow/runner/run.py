@@ -3,7 +3,8 @@
 In order: validate the recipe; use the configured Kafka or start a local broker whose data lives
 in the run directory (so a second `run` on the same directory resumes with its topics, offsets and
 checkpoints); apply the topics; start trainers (one per policy), the streams worker, the rollout
-workers (count and regions from the recipe) and the feeder as supervised processes; show the live
+workers (count and regions from the recipe) and the feeder as supervised processes (on its own local
+broker, as soon as its port is chosen: they wait for their topics); show the live
 dashboard; restart a component that crashes. At its limits (`--max-steps`: every trainer reached
 it; `--max-minutes`), on Ctrl-C or SIGTERM it stops everything in reverse order (feeder, workers,
 streams, trainers, broker) and writes the report: metrics JSONL, TensorBoard events, PNG plots,
