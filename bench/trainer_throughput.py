@@ -30,7 +30,7 @@ from astraflow.models import build_model
 from astraflow.records import Metric
 from bench.machine import describe
 from bench.trainer_deltas import synthetic_batch
-from trainer.engine import collate, loss_settings
+from trainer.engine import collate, loss_settings, make_optimizer
 from trainer.losses import policy_loss, token_logprobs
 from trainer.service import Trainer
 
@@ -73,7 +73,7 @@ def bare_loop(batches: list[list]) -> float:  # type: ignore[type-arg]
 
     cfg = TrainerConfig(lr=1e-5)
     model = build_model(ModelSpec())
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+    opt = make_optimizer(list(model.parameters()), cfg)  # the trainer's own AdamW (fused)
     settings = loss_settings(cfg)
     rows = [collate(b, pad_id=0) for b in batches]
     times, tokens = [], []

@@ -125,6 +125,18 @@ def loss_settings(cfg: TrainerConfig) -> LossSettings:
                         norm_length=loss.norm_length, kl_estimator=loss.kl_estimator, kl_in=loss.kl_in)
 
 
+def make_optimizer(params: list[torch.nn.Parameter], cfg: TrainerConfig, sharded: bool = False) -> torch.optim.AdamW:
+    """AdamW as `cfg` says, fused (each parameter's whole update in one kernel, as TRL's default
+    `adamw_torch_fused`) where torch fuses it: the arithmetic recipe's CPU step 42.5 -> 39.5 ms, the
+    per-parameter loop having dispatched ~8 small ops per tensor. FSDP's sharded (DTensor)
+    parameters take the multi-tensor `foreach` form instead. The same update either way, up to
+    the rounding of the operations' order."""
+    fusable = not sharded and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    kwargs: dict[str, Any] = {"lr": cfg.lr, "betas": cfg.betas, "eps": cfg.eps, "weight_decay": cfg.weight_decay,
+                              "fused" if fusable else "foreach": True}
+    return torch.optim.AdamW(params, **kwargs)
+
+
 class Engine:
     """Model, optional frozen reference, AdamW, and the step."""
 
@@ -156,8 +168,7 @@ class Engine:
 
             self.wrapped = DistributedDataParallel(
                 self.model, device_ids=[device.index] if device.type == "cuda" else None)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                                           weight_decay=cfg.weight_decay)
+        self.optimizer = make_optimizer(list(self.model.parameters()), cfg, sharded=self.sharded)
         self.settings = loss_settings(cfg)
         #: the workers run weights published in cfg.weights_dtype (True from version 1 on; the service
         #: sets it on every rank at the same step)

@@ -231,3 +231,23 @@ def test_every_recipe_loss_trains_without_nan_even_at_extreme_log_ratios(loss: d
         assert all(math.isfinite(v) for v in stats.values()), stats
     assert all(torch.isfinite(p).all() for p in engine.model.parameters())
     assert any(not torch.equal(before[k], v) for k, v in engine.model.state_dict().items())  # it did train
+
+
+def test_the_optimiser_is_fused_adamw_and_updates_as_the_per_parameter_loop_does() -> None:
+    """The trainer's AdamW is torch's fused one (TRL's default too); three steps of it, weight decay
+    included, land where the plain per-parameter AdamW lands, up to float rounding."""
+    rows = rows_of()
+    cfg = TrainerConfig(lr=1e-2, weight_decay=0.1)
+    fused = Engine(tiny_model(), cfg, CPU)
+    assert fused.optimizer.param_groups[0]["fused"] is True
+    plain = Engine(copy.deepcopy(fused.model), cfg, CPU)
+    plain.optimizer = torch.optim.AdamW(plain.model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                                        weight_decay=cfg.weight_decay, foreach=False)
+    before = {k: p.detach().clone() for k, p in fused.model.named_parameters()}
+    for step in (1, 2, 3):
+        for engine in (fused, plain):
+            engine.step(rows, step, float(rows.mask.sum()), float((rows.mask.sum(-1) > 0).sum()))
+    theirs = dict(plain.model.named_parameters())
+    for k, p in fused.model.named_parameters():
+        assert not torch.equal(p, before[k])  # it trained
+        torch.testing.assert_close(p, theirs[k], rtol=1e-4, atol=1e-6)
