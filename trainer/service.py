@@ -155,7 +155,7 @@ class Trainer:
             self.server.start()
         self.store = WeightStore(store_root, self.policy, snapshot_every=cfg.snapshot_every,
                                  keep_versions=cfg.store_versions(self.recipe.max_staleness),
-                                 compress_level=cfg.compress_level, dtype=cfg.weights_dtype,
+                                 compress_level=cfg.delta_compress_level(), dtype=cfg.weights_dtype,
                                  base_uri=self.server.url if self.server else None)
         self._reconcile_store()
         self._truncate_ledger()

@@ -151,12 +151,12 @@ class WeightStore:
         if chained:
             assert latest is not None
             prev = self._previous_state(latest)
-            tensors, changed, total = fmt.diff_states(prev, unique)
+            compressed = self.compress_level > 0
+            tensors, changed, total = fmt.diff_states(prev, unique, fmt.COMPRESSED_FULL_FROM if compressed else None)
             base_delta = self.entry(latest)["delta"]
             data = fmt.encode_delta(tensors, aliases, self.policy, version, latest,
                                     base_delta["file"] if base_delta else "",
                                     base_delta["sha256"] if base_delta else "", digest, changed, total)
-            compressed = self.compress_level > 0
             entry["delta"] = {**self._put(fmt.compress(data, self.compress_level), "delta", compressed),
                               "base": latest, "changed": changed, "total": total}
         if not chained or snapshot or version % self.snapshot_every == 0:

@@ -34,7 +34,7 @@ def test_ten_published_deltas_rebuild_the_trainers_weights_bit_for_bit(kafka: Ka
                                                                         tmp_path: Path) -> None:
     topics(["p"])
     produce(kafka, [s for g in range(10) for s in make_group("p", f"task{g}", seed=g)], "p")
-    r = recipe(kafka, batch_groups=1, keep_checkpoints=20, snapshot_every=100, lr=1e-3)
+    r = recipe(kafka, batch_groups=1, keep_checkpoints=20, snapshot_every=100, lr=1e-3, compress_level=1)
     assert Trainer(r, "p", run_dir=tmp_path, settings=kafka, max_steps=10).run() == 0
 
     events = read_now(kafka, "weights", WeightVersion)

@@ -246,3 +246,13 @@ def test_safetensors_file_reader_opens_the_files_writer_output(tmp_path: Path) -
     with safe_open(str(path), framework="pt") as fh:  # the reader other tools use
         assert fh.metadata() == {"format": fmt.SNAPSHOT_FORMAT}
         assert torch.equal(fh.get_tensor("w"), torch.arange(5, dtype=torch.bfloat16))
+
+
+def test_deltas_are_compressed_only_where_they_may_cross_a_network() -> None:
+    from astraflow.config.trainer import TrainerConfig
+
+    assert TrainerConfig().delta_compress_level() == 0  # the run directory's store, read from the page cache
+    assert TrainerConfig(serve_http=True).delta_compress_level() == 1
+    assert TrainerConfig(store_dir="/shared/weights").delta_compress_level() == 1
+    assert TrainerConfig(compress_level=3).delta_compress_level() == 3
+    assert TrainerConfig(serve_http=True, compress_level=0).delta_compress_level() == 0

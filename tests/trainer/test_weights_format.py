@@ -99,7 +99,9 @@ def _reference_delta(old: dict[str, torch.Tensor], new: dict[str, torch.Tensor])
     for name in sorted(new):
         a, b = fmt.int_view(old[name]).reshape(-1), fmt.int_view(new[name]).reshape(-1)
         idx = (a != b).nonzero().reshape(-1)
-        if idx.numel():
+        if idx.numel() * (b.element_size() + 2) >= b.numel() * b.element_size():  # cheaper in full
+            out[name + fmt.FULL] = new[name].reshape(-1)
+        elif idx.numel():
             gaps = torch.diff(idx, prepend=idx.new_zeros(1))
             top = int(gaps.max())
             dt = torch.int16 if top <= 32767 else torch.int32 if top <= 2**31 - 1 else torch.int64
@@ -121,13 +123,13 @@ def test_the_flat_diff_of_many_tensors_is_the_per_tensor_delta(seed: int) -> Non
     new = {n: t.clone() for n, t in old.items()}
     for t in new.values():
         flat = t.reshape(-1)
-        kind = int(torch.randint(0, 4, (1,), generator=gen))
+        kind = int(torch.randint(0, 5, (1,), generator=gen))
         if kind == 1:
             flat[0] += 1
         elif kind == 2:
             flat[-1] += 1
-        elif kind == 3:
-            mask = torch.rand(flat.shape, generator=gen) < 0.3
+        elif kind >= 3:  # 30% of it (element by element), or 70% (in full)
+            mask = torch.rand(flat.shape, generator=gen) < (0.3 if kind == 3 else 0.7)
             flat[mask] = flat[mask] + 1
     new["c.f32"][39_999] = 123.0  # a gap past int16 (unless the random ones came close)
     tensors, changed, total = fmt.diff_states(old, new)
@@ -136,7 +138,7 @@ def test_the_flat_diff_of_many_tensors_is_the_per_tensor_delta(seed: int) -> Non
     for k in want:
         assert tensors[k].dtype == want[k].dtype and torch.equal(fmt.int_view(tensors[k]), fmt.int_view(want[k])), k
     assert total == sum(t.numel() for t in new.values())
-    assert changed == sum(want[k].numel() for k in want if k.endswith(fmt.VAL))
+    assert changed == sum(int((fmt.int_view(old[k]) != fmt.int_view(new[k])).sum()) for k in new)
     state = {k: v.clone() for k, v in old.items()}
     fmt.apply_delta(state, tensors)
     assert all(torch.equal(fmt.int_view(state[k]), fmt.int_view(new[k])) for k in new)
@@ -148,3 +150,37 @@ def test_a_delta_with_non_integer_indices_is_refused() -> None:
     with pytest.raises(fmt.FormatError, match="indices of dtype torch.float32"):
         fmt.apply_delta(state, bad)
     assert torch.equal(state["x"], torch.zeros(4))
+
+
+def test_a_tensor_changed_in_most_elements_travels_in_full_and_the_delta_stays_below_the_snapshot() -> None:
+    """Gaps and values of 60% of a bfloat16 tensor's elements would take 1.2x its bytes: the delta holds
+    the tensor in full instead, and a delta of every element of every tensor stays the snapshot's size."""
+    gen = torch.Generator().manual_seed(0)
+    old = {"w": torch.randn(256, 64, generator=gen).to(torch.bfloat16), "b": torch.randn(64, generator=gen).to(torch.bfloat16)}
+    new = {k: v.clone() for k, v in old.items()}
+    new["w"].reshape(-1)[torch.rand(256 * 64, generator=gen) < 0.6] += 1
+    new["b"][3] += 1  # one element: by index
+    tensors, changed, _ = fmt.diff_states(old, new)
+    assert set(tensors) == {"w::full", "b::idx", "b::val"}
+    assert changed == int((fmt.int_view(old["w"]) != fmt.int_view(new["w"])).sum()) + 1
+    state = {k: v.clone() for k, v in old.items()}
+    fmt.apply_delta(state, tensors)
+    assert all(torch.equal(fmt.int_view(state[k]), fmt.int_view(new[k])) for k in new)
+
+    every = {k: (v.float() + 1).to(torch.bfloat16) for k, v in old.items()}
+    delta = fmt.encode_delta(fmt.diff_states(old, every)[0], {}, "p", 1, 0, "", "", "d", 0, 0)
+    snapshot = fmt.encode_snapshot(every, {}, "p", 1, "d")
+    assert len(delta) <= len(snapshot) + 256  # headers differ; the tensors' bytes are the same
+
+
+@pytest.mark.parametrize("bad", [
+    {"x::full": torch.zeros(3)},  # the wrong size
+    {"x::full": torch.zeros(4, dtype=torch.float16)},  # the wrong dtype
+    {"y::full": torch.zeros(4)},  # unknown tensor
+    {"x::full": torch.zeros(4), "x::idx": torch.tensor([1], dtype=torch.int16), "x::val": torch.tensor([1.0])},
+])
+def test_a_full_tensor_that_does_not_fit_is_rejected(bad: dict[str, torch.Tensor]) -> None:
+    state = {"x": torch.ones(4)}
+    with pytest.raises(fmt.FormatError):
+        fmt.apply_delta(state, bad)
+    assert torch.equal(state["x"], torch.ones(4))
