@@ -58,3 +58,20 @@ def test_quiet_worker_exits_without_modes_closing_second():
     coro = worker._sentinel_task()
     with pytest.raises(StopIteration):  # finished at its first step: no sleep to wait on
         coro.send(None)
+
+
+def test_an_error_while_the_app_stops_ends_the_task_quietly_and_any_other_stops_the_worker(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A task still emitting when streams is stopped meets a stopped producer (faust's NotReady): that is
+    the stop, not a failure (the run's exit code would say it failed); the same error while running is
+    fatal, exit code 70."""
+    import types
+
+    from streams import runtime
+
+    exits: list[int] = []
+    monkeypatch.setattr(runtime.os, "_exit", exits.append)
+    monkeypatch.setattr(runtime.logging, "shutdown", lambda: None)  # this process's logging stays up
+    runtime.fatal_unless_stopping(types.SimpleNamespace(should_stop=True), "the group emitter", RuntimeError("x"))
+    assert exits == []
+    runtime.fatal_unless_stopping(types.SimpleNamespace(should_stop=False), "the group emitter", RuntimeError("x"))
+    assert exits == [runtime.EX_SOFTWARE]
