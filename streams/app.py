@@ -120,7 +120,7 @@ def create_app(recipe: Recipe, *, kafka: KafkaSettings | None = None, data_dir: 
     order) and the topics before Faust starts. `app.astraflow` is the StreamsRuntime."""
 
     from streams.faust_glue import AstraFaustApp, FaustTable, register_codec
-    from streams.runtime import StreamsRuntime, Topics, fatal_unless_stopping
+    from streams.runtime import StreamsRuntime, Topics, fatal
 
     register_codec()
     cfg = recipe.streams
@@ -198,7 +198,7 @@ def create_app(recipe: Recipe, *, kafka: KafkaSettings | None = None, data_dir: 
             try:
                 await runtime.on_record(event.message)
             except Exception as exc:
-                fatal_unless_stopping(app, "the pipeline agent", exc)
+                fatal(app, "the pipeline agent", exc)
 
     if task_updates is not None:
         # the agent reads the same topic as raw bytes and checks them itself (streams/stats.py,
@@ -212,21 +212,21 @@ def create_app(recipe: Recipe, *, kafka: KafkaSettings | None = None, data_dir: 
                 try:
                     await runtime.on_task_update(event)
                 except Exception as exc:
-                    fatal_unless_stopping(app, "the task_stats agent", exc)
+                    fatal(app, "the task_stats agent", exc)
 
     @app.task
     async def emitter() -> None:
         try:
             await runtime.emitter()
         except Exception as exc:
-            fatal_unless_stopping(app, "the group emitter", exc)
+            fatal(app, "the group emitter", exc)
 
     @app.timer(cfg.sweep_every_s, name="sweep")
     async def sweep() -> None:
         try:
             await runtime.sweep()
         except Exception as exc:
-            fatal_unless_stopping(app, "the group sweep", exc)
+            fatal(app, "the group sweep", exc)
 
     @app.timer(cfg.metrics_every_s, name="metrics")
     async def metrics() -> None:

@@ -38,25 +38,21 @@ log = logging.getLogger(__name__)
 EX_SOFTWARE = 70
 
 
-def fatal(where: str, exc: BaseException) -> None:
+def fatal(app: Any, where: str, exc: BaseException) -> None:
     """An error that is not bad data (the broker gone for good, a bug): stop at once, like a crash.
 
     Nothing past the last committed offset is lost, and the protocol of streams/emit.py makes
-    the restart safe, whereas letting Faust shut down cleanly could commit the failed event."""
-    log.critical("streams: fatal error in %s: %s: %s", where, type(exc).__name__, exc, exc_info=exc)
-    logging.shutdown()
-    os._exit(EX_SOFTWARE)
-
-
-def fatal_unless_stopping(app: Any, where: str, exc: BaseException) -> None:
-    """`fatal`, except for an error raised while the app stops: a task still emitting when the worker
-    is stopped meets a producer that has stopped (faust's NotReady) and ends here quietly, since a
-    stop mid-emission is as safe as a crash (streams/emit.py) and is no failure of the run (CI: a
-    guess_number run exited 1 after its 400 steps, streams' exit code 70 at its SIGTERM)."""
+    the restart safe, whereas letting Faust shut down cleanly could commit the failed event.
+    An error raised while `app` stops is the stop, not a failure: a task still emitting meets a
+    producer faust has already stopped (NotReady), and ends quietly; a stop mid-emission is as
+    safe as a crash (CI: a guess_number run exited 1 after its 400 steps, streams' exit code 70
+    at its SIGTERM)."""
     if getattr(app, "should_stop", False):
         log.info("streams: %s ended while stopping: %s: %s", where, type(exc).__name__, exc)
         return
-    fatal(where, exc)
+    log.critical("streams: fatal error in %s: %s: %s", where, type(exc).__name__, exc, exc_info=exc)
+    logging.shutdown()
+    os._exit(EX_SOFTWARE)
 
 
 @dataclass

@@ -223,7 +223,8 @@ def diff_states(old: dict[str, torch.Tensor], new: dict[str, torch.Tensor],
     The tensors of one element size are compared as one flat buffer of raw bits, in numpy (one
     `flatnonzero` for all of them: per tensor, with torch's `nonzero`, 10x slower than numpy's,
     the diff of the recipe model took ~9 ms of the trainer's CPU at every publication), then cut
-    at the tensors' boundaries."""
+    at the tensors' boundaries. A tensor goes in full (`::full`) by the byte rule of the module's
+    docstring, or, with `full_from`, once that share of its elements changed (compressed deltas)."""
     import numpy as np
     import torch
 
@@ -262,10 +263,13 @@ def diff_states(old: dict[str, torch.Tensor], new: dict[str, torch.Tensor],
         for i, name in enumerate(names):
             lo, hi = cuts[i], cuts[i + 1]
             numel = bounds[i + 1] - bounds[i]
-            if hi - lo and ((hi - lo) * (size + 2) >= numel * size if full_from is None
-                            else hi - lo >= full_from * numel):  # `::full` is smaller
+            if hi == lo:
+                continue
+            # in full where a value and a 2-byte gap per changed element would take the tensor's bytes
+            in_full = (hi - lo) * (size + 2) >= numel * size if full_from is None else hi - lo >= full_from * numel
+            if in_full:
                 out[name + FULL] = torch.from_numpy(flat_new[bounds[i]:bounds[i + 1]]).view(new[name].dtype)
-            elif hi > lo:
+            else:
                 out[name + IDX] = torch.from_numpy(_narrowest(gaps[lo:hi]))
                 out[name + VAL] = torch.from_numpy(values[lo:hi]).view(new[name].dtype)
     return out, changed, total
@@ -310,19 +314,18 @@ def apply_delta(unique: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor
         raise FormatError("delta tensors do not come in <name>::idx / <name>::val pairs or alone as <name>::full")
     if names & full:
         raise FormatError(f"{sorted(names & full)[0]!r} is changed both in full and element by element")
-    for name in sorted(full):
+    for name in sorted(names | full):
         if name not in unique:
             raise FormatError(f"delta changes {name!r}, which the base state does not have")
-        target, val = unique[name], tensors[name + FULL]
-        if val.dtype != target.dtype or val.numel() != target.numel():
-            raise FormatError(f"{name}: {val.numel()} {val.dtype} values for a {target.numel()}-element {target.dtype} tensor")
-        if not target.is_contiguous():
-            target = unique[name] = target.contiguous()
-        int_view(target).reshape(-1).numpy()[:] = _bits(val)
-    for name in sorted(names):
-        if name not in unique:
-            raise FormatError(f"delta changes {name!r}, which the base state does not have")
-        target, val, gaps = unique[name], tensors[name + VAL], tensors[name + IDX]
+        target = unique[name]
+        if name in full:
+            val = tensors[name + FULL]
+            if val.dtype != target.dtype or val.numel() != target.numel():
+                raise FormatError(f"{name}: {val.numel()} {val.dtype} values for a {target.numel()}-element "
+                                  f"{target.dtype} tensor")
+            _writable_bits(unique, name)[:] = _bits(val)
+            continue
+        val, gaps = tensors[name + VAL], tensors[name + IDX]
         if gaps.dtype not in (torch.int16, torch.int32, torch.int64):
             raise FormatError(f"{name}: indices of dtype {gaps.dtype}, not int16, int32 or int64")
         if val.dtype != target.dtype or val.numel() != gaps.numel():
@@ -334,7 +337,11 @@ def apply_delta(unique: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor
         idx = np.cumsum(steps, dtype=np.int64)
         if idx[0] < 0 or idx[-1] >= target.numel() or (steps[1:] <= 0).any():
             raise FormatError(f"{name}: indices are not increasing within [0, {target.numel()})")
-        if not target.is_contiguous():
-            target = unique[name] = target.contiguous()
-        flat = int_view(target).reshape(-1).numpy()  # the target's own memory
-        flat[idx] = _bits(val)
+        _writable_bits(unique, name)[idx] = _bits(val)
+
+
+def _writable_bits(unique: dict[str, torch.Tensor], name: str) -> Any:
+    """The raw bits of `unique[name]`, flat, as a numpy view of its own memory (made contiguous first)."""
+    if not unique[name].is_contiguous():
+        unique[name] = unique[name].contiguous()
+    return int_view(unique[name]).reshape(-1).numpy()

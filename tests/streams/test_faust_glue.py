@@ -71,7 +71,7 @@ def test_an_error_while_the_app_stops_ends_the_task_quietly_and_any_other_stops_
     exits: list[int] = []
     monkeypatch.setattr(runtime.os, "_exit", exits.append)
     monkeypatch.setattr(runtime.logging, "shutdown", lambda: None)  # this process's logging stays up
-    runtime.fatal_unless_stopping(types.SimpleNamespace(should_stop=True), "the group emitter", RuntimeError("x"))
+    runtime.fatal(types.SimpleNamespace(should_stop=True), "the group emitter", RuntimeError("x"))
     assert exits == []
-    runtime.fatal_unless_stopping(types.SimpleNamespace(should_stop=False), "the group emitter", RuntimeError("x"))
+    runtime.fatal(types.SimpleNamespace(should_stop=False), "the group emitter", RuntimeError("x"))
     assert exits == [runtime.EX_SOFTWARE]
