@@ -61,6 +61,22 @@ def _resolve(fut: asyncio.Future[Any], value: Any = None, exc: BaseException | N
         fut.set_result(value)
 
 
+def _resolve_all(done: list[tuple[asyncio.Future[Any], Any]]) -> None:
+    for fut, value in done:
+        _resolve(fut, value)
+
+
+def _hand_back(finished: list[_Request]) -> None:
+    """Resolve the futures of `finished` with their results, one wake-up of each event loop for all
+    of them: a wake-up per request (a write to the loop's self-pipe, then a pass of the loop) was
+    ~6% of a worker's CPU at 64 requests a step."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any]]] = {}
+    for r in finished:
+        by_loop.setdefault(r.loop, []).append((r.future, r.result))
+    for loop, done in by_loop.items():
+        loop.call_soon_threadsafe(_resolve_all, done)
+
+
 class TorchEngine:
     """Serves one policy from a local checkpoint directory (transformers layout)."""
 
@@ -171,7 +187,7 @@ class TorchEngine:
             self._pending.clear()
         for req in leftover:
             req.result.finish_reason = "aborted"
-            req.loop.call_soon_threadsafe(_resolve, req.future, req.result)
+        _hand_back(leftover)
 
     def _apply_updates(self) -> None:
         while True:
@@ -233,13 +249,15 @@ class TorchEngine:
 
         rows: list[_Request] = []
         budget: list[int] = []
+        full: list[_Request] = []
         for req in batch:
             room = min(req.params.max_tokens, self.max_positions - len(req.prompt))
             if room <= 0:  # the context is already full: nothing can be generated
-                req.loop.call_soon_threadsafe(_resolve, req.future, req.result)
+                full.append(req)
                 continue
             rows.append(req)
             budget.append(room)
+        _hand_back(full)
         if not rows:
             return None
         dev = self.device
@@ -274,6 +292,7 @@ class TorchEngine:
                     tok_list[i], lp_list[i] = sample_seeded(logp[i], noise)
                     tokens[i] = tok_list[i]
             keep: list[int] = []
+            finished: list[_Request] = []
             for i, r in enumerate(wave.rows):
                 res = r.result
                 res.tokens.append(tok_list[i])
@@ -288,7 +307,8 @@ class TorchEngine:
                 else:
                     keep.append(i)
                     continue
-                r.loop.call_soon_threadsafe(_resolve, r.future, res)
+                finished.append(r)
+            _hand_back(finished)
             self.tokens_generated += len(wave.rows)
             if not keep:
                 return  # the run loop starts the next wave with whatever is pending
