@@ -61,7 +61,7 @@ def build_tokenizer(spec: TokenizerSpec | None = None) -> PreTrainedTokenizerFas
     if too_wide:
         raise ValueError(f"tokenizer.alphabet and extra_chars must be single-byte (ASCII) characters, got {too_wide}")
     vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *(_BYTE_MAP[ord(c)] for c in alphabet)])}
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", fuse_unk=False, byte_fallback=False))
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", fuse_unk=False, byte_fallback=False))  # noqa: S106 - a token, not a secret
     core.normalizer = normalizers.NFC()
     core.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
@@ -70,7 +70,7 @@ def build_tokenizer(spec: TokenizerSpec | None = None) -> PreTrainedTokenizerFas
     core.decoder = decoders.ByteLevel()
     core.add_special_tokens([AddedToken(t, special=True) for t in SPECIAL_TOKENS])
     return PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+        tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"  # noqa: S106
     )
 
 

@@ -103,23 +103,12 @@ def precreate(settings: KafkaSettings, faust_topics: list[Any], partitions: int,
     return apply(admin, specs, timeout=timeout).created
 
 
-def _table(app: Any, name: str, partitions: int, value_serializer: str, configs: dict[str, str]) -> Any:
-    """A memory-store table whose changelog uses msgpack keys and the given value codec. Faust
-    derives a table's codecs from key_type/value_type only (json otherwise, whatever the schema
-    says) and builds its changelog topic in the constructor, so the codecs are set afterwards and
-    the changelog topic rebuilt with them (faust 0.15.3; the crash tests cover the recovery)."""
-    table = app.Table(name, partitions=partitions, extra_topic_configs=configs)
-    table.key_serializer, table.value_serializer = "msgpack", value_serializer
-    table.changelog_topic = table._new_changelog_topic()
-    return table
-
-
 def create_app(recipe: Recipe, *, kafka: KafkaSettings | None = None, data_dir: str | Path | None = None,
                web_port: int | None = None, instance_id: str | None = None) -> Any:
     """Build the Faust app for `recipe`'s streams pipeline. Checks the pipeline (names, arguments,
     order) and the topics before Faust starts. `app.astraflow` is the StreamsRuntime."""
 
-    from streams.faust_glue import AstraFaustApp, FaustTable, register_codec
+    from streams.faust_glue import AstraFaustApp, FaustTable, make_table, register_codec
     from streams.runtime import StreamsRuntime, Topics, fatal
 
     register_codec()
@@ -161,8 +150,8 @@ def create_app(recipe: Recipe, *, kafka: KafkaSettings | None = None, data_dir: 
     # compact quickly: the bodies changelog holds trajectories only until their group is emitted
     compact = {"segment.ms": "600000", "min.cleanable.dirty.ratio": "0.1",
                "max.message.bytes": str(fetch_limit(settings))}
-    groups = _table(app, "groups", n_parts, "msgpack", compact)
-    bodies = _table(app, "bodies", n_parts, "raw", compact)  # the trajectory bytes as consumed
+    groups = make_table(app, "groups", n_parts, "msgpack", compact)
+    bodies = make_table(app, "bodies", n_parts, "raw", compact)  # the trajectory bytes as consumed
 
     raw = {"key_serializer": "raw", "value_serializer": "raw"}
     source = app.topic(traj_topic, **raw)
@@ -172,7 +161,7 @@ def create_app(recipe: Recipe, *, kafka: KafkaSettings | None = None, data_dir: 
         task_updates = app.topic(f"{app_id}-task-updates", internal=True, partitions=n_parts,
                                  key_serializer="raw", value_serializer="msgpack")
         task_stats_topic = app.topic(settings.topic(TASK_STATS), **raw)
-        stats_table = _table(app, "task_stats", n_parts, "msgpack", {})
+        stats_table = make_table(app, "task_stats", n_parts, "msgpack", {})
 
     internal = [groups.changelog_topic, bodies.changelog_topic]
     if task_updates is not None:

@@ -223,7 +223,7 @@ class StreamsRuntime(Emitter):
             return
         stuck = []
         for tp in tps:
-            committed = consumer._committed_offset.get(tp) or 0  # faust's own record of its commits
+            committed = consumer.last_committed(tp) or 0
             end = seen[1].get(tp)
             if end is not None and end > committed:
                 stuck.append((tp, committed, end))
@@ -238,7 +238,7 @@ class StreamsRuntime(Emitter):
                 for tp, committed, _ in stuck:  # aiokafka's seek_to_committed skips uncommitted partitions
                     target = max(committed, starts.get(tp) or 0)
                     if target > committed:  # deleted by retention: nothing left to wait for below it
-                        consumer._committed_offset[tp] = target
+                        consumer.assume_committed(tp, target)
                     await consumer.seek(tp, target)
             finally:
                 consumer.resume_flow()

@@ -72,7 +72,7 @@ class ClusterState:
 
 def alive(state: ClusterState) -> list[bool]:
     """Whether each node's JVM runs (PID-reuse safe)."""
-    return [one._is_our_jvm(pid, state.node_dir(i)) for i, pid in enumerate(state.pids)]
+    return [one.is_our_jvm(pid, state.node_dir(i)) for i, pid in enumerate(state.pids)]
 
 
 def brokers_answering(bootstrap: str, timeout: float) -> int:
@@ -80,7 +80,7 @@ def brokers_answering(bootstrap: str, timeout: float) -> int:
     from confluent_kafka.admin import AdminClient
 
     conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000, "log_level": 0,
-                            "logger": one._SilentLogger()}
+                            "logger": one.SilentLogger()}
     admin = AdminClient(conf)
     try:
         return len(admin.list_topics(timeout=timeout).brokers)
@@ -106,7 +106,7 @@ def start(nodes: int = 3, port: int = 0, data_dir: Path | None = None, heap: str
         raise BrokerError("a cluster needs at least one node")
     data_dir = (data_dir or default_cluster_dir()).expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    with one._file_lock(data_dir / ".lock"):
+    with one.file_lock(data_dir / ".lock"):
         state = ClusterState.load(data_dir)
         if state is not None and len(state.ports) != nodes:
             raise BrokerError(f"{data_dir} holds a cluster of {len(state.ports)} nodes, not {nodes}; "
@@ -152,9 +152,9 @@ def _start_node(state: ClusterState, i: int, voters: str, java: str, libs: Path,
     logs = node / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     props = node / "server.properties"
-    props.write_text(one._server_properties(node, port, controller_port, node_id=i + 1, voters=voters,
+    props.write_text(one.server_properties(node, port, controller_port, node_id=i + 1, voters=voters,
                                             replicas=min(3, len(state.ports))))
-    one._format_storage(java, libs, node, props, None, cluster_id=state.cluster_id)
+    one.format_storage(java, libs, node, props, None, cluster_id=state.cluster_id)
     cmd = [java, *one.jvm_flags(heap), f"-Dlog4j2.configurationFile=file:{one.LOG4J}",
            f"-Dkafka.logs.dir={logs}", f"-Dastraflow.data.dir={node}", "-cp", f"{libs}/*", "kafka.Kafka", str(props)]
     with open(logs / "kafka.out", "ab") as out:
@@ -181,7 +181,7 @@ def stop(data_dir: Path | None = None, timeout: float = 30.0) -> ClusterState | 
     deadline = time.time() + timeout
     while time.time() < deadline and any(alive(state)):
         for pid in state.pids:
-            one._reap(pid)
+            one.reap(pid)
         time.sleep(0.2)
     for i, up in enumerate(alive(state)):
         if up:
@@ -189,7 +189,7 @@ def stop(data_dir: Path | None = None, timeout: float = 30.0) -> ClusterState | 
                 os.kill(state.pids[i], signal.SIGKILL)
     for _ in range(50):
         for pid in state.pids:
-            one._reap(pid)
+            one.reap(pid)
         if not any(alive(state)):
             break
         time.sleep(0.1)

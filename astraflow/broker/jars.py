@@ -56,7 +56,7 @@ def find_java() -> str:
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -76,7 +76,7 @@ def ensure_jars(progress: Callable[[str], None] = lambda _: None) -> Path:
     marker = libs / ".complete"
     if marker.exists():
         return libs
-    with _file_lock(libs.parent / ".lock"):
+    with file_lock(libs.parent / ".lock"):
         if marker.exists():
             return libs
         mvn = shutil.which("mvn")

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.broker import classdata, secure
-from astraflow.broker.jars import LOG4J, _file_lock, cache_home, ensure_jars, find_java, kafka_version
+from astraflow.broker.jars import LOG4J, cache_home, ensure_jars, file_lock, find_java, kafka_version
 from astraflow.errors import BrokerError
 
 STATE_FILE = "broker.json"
@@ -69,7 +69,7 @@ class BrokerState:
         tmp.replace(path)
 
 
-def _is_our_jvm(pid: int, data_dir: Path) -> bool:
+def is_our_jvm(pid: int, data_dir: Path) -> bool:
     """True if `pid` is alive and is the Kafka JVM of this data directory (guards against PID reuse)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
@@ -110,7 +110,7 @@ def log_tail(path: Path, lines: int = 30) -> str:
 # --------------------------------------------------------------------------------------- start/stop
 
 
-def _server_properties(data_dir: Path, port: int, controller_port: int, node_id: int = 1,
+def server_properties(data_dir: Path, port: int, controller_port: int, node_id: int = 1,
                        voters: str | None = None, replicas: int = 1,
                        passwords: dict[str, str] | None = None, listeners: dict[str, str] | None = None) -> str:
     """A combined broker+controller node. One node by default; a cluster (astraflow/broker/cluster.py)
@@ -175,7 +175,7 @@ def _ready(bootstrap: str, timeout: float, data_dir: Path | None = None, is_secu
     from confluent_kafka.admin import AdminClient
 
     conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000, "log_level": 0,
-                            "logger": _SilentLogger()}
+                            "logger": SilentLogger()}
     if is_secure and data_dir is not None:
         conf.update(secure_client_config(data_dir, "admin"))
     admin = AdminClient(conf)
@@ -186,7 +186,7 @@ def _ready(bootstrap: str, timeout: float, data_dir: Path | None = None, is_secu
         return False
 
 
-class _SilentLogger:
+class SilentLogger:
     """librdkafka logs connection refusals loudly while the broker starts; they are expected."""
 
     def log(self, *args: object, **kwargs: object) -> None:
@@ -226,13 +226,13 @@ def start(port: int = 9092, data_dir: Path | None = None, heap: str = "512m", ti
     running in `data_dir` is returned without it): `astraflow run` starts what is slow to start meanwhile."""
     data_dir = (data_dir or default_data_dir()).expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    with _file_lock(data_dir / ".lock"):
+    with file_lock(data_dir / ".lock"):
         state = BrokerState.load(data_dir)
         was_secure = (secure.secure_dir(data_dir) / secure.CREDENTIALS).exists()
         if (data_dir / "data" / "meta.properties").exists() and was_secure != secured:
             raise BrokerError(f"{data_dir} holds a {'secured' if was_secure else 'PLAINTEXT'} broker; start it "
                               f"{'with' if was_secure else 'without'} --secure, or use another data directory")
-        if state and _is_our_jvm(state.pid, data_dir):
+        if state and is_our_jvm(state.pid, data_dir):
             if _ready(state.bootstrap, 10, data_dir, state.secure):
                 return state
             raise BrokerError(f"a broker (PID {state.pid}) runs in {data_dir} but does not answer on "
@@ -259,9 +259,9 @@ def start(port: int = 9092, data_dir: Path | None = None, heap: str = "512m", ti
             passwords = secure.ensure_credentials(data_dir)
         props = data_dir / "server.properties"
         # it holds the broker user's password in its JAAS config
-        secure._write_private(props, _server_properties(data_dir, port, controller_port, passwords=passwords,
+        secure.write_private(props, server_properties(data_dir, port, controller_port, passwords=passwords,
                                                           listeners=listeners))
-        cluster_id = _format_storage(java, libs, data_dir, props, state, passwords=passwords)
+        cluster_id = format_storage(java, libs, data_dir, props, state, passwords=passwords)
         log_file = logs / "kafka.log"
         cmd = [java, *jvm_flags(heap), *classdata.broker_flags(java, libs, data_dir), f"-Dlog4j2.configurationFile=file:{LOG4J}",
                f"-Dkafka.logs.dir={logs}", f"-Dastraflow.data.dir={data_dir}",
@@ -306,7 +306,7 @@ def new_cluster_id() -> str:
     return cluster_id
 
 
-def _format_storage(java: str, libs: Path, data_dir: Path, props: Path, state: BrokerState | None,
+def format_storage(java: str, libs: Path, data_dir: Path, props: Path, state: BrokerState | None,
                     cluster_id: str | None = None, passwords: dict[str, str] | None = None) -> str:
     """Format `data_dir/data` once (with `cluster_id`, or a new one; with `passwords`, the SCRAM
     users of secure mode); returns the id it holds."""
@@ -329,27 +329,27 @@ def _format_storage(java: str, libs: Path, data_dir: Path, props: Path, state: B
 
 def _terminate(pid: int, data_dir: Path, timeout: float) -> bool:
     """SIGTERM, wait, then SIGKILL. Returns True if the process was ours and is now gone."""
-    if not _is_our_jvm(pid, data_dir):
+    if not is_our_jvm(pid, data_dir):
         return False
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.time() + timeout
     while time.time() < deadline:
-        _reap(pid)
-        if not _is_our_jvm(pid, data_dir):
+        reap(pid)
+        if not is_our_jvm(pid, data_dir):
             return True
         time.sleep(0.05)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     for _ in range(50):
-        _reap(pid)
-        if not _is_our_jvm(pid, data_dir):
+        reap(pid)
+        if not is_our_jvm(pid, data_dir):
             break
         time.sleep(0.1)
     return True
 
 
-def _reap(pid: int) -> None:
+def reap(pid: int) -> None:
     """Collect the exit status if the JVM is our child (started in this process)."""
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)
@@ -377,7 +377,7 @@ def status(data_dir: Path | None = None) -> tuple[BrokerState | None, bool]:
     """(state, answering): the recorded broker of `data_dir` and whether it answers now."""
     data_dir = (data_dir or default_data_dir()).expanduser().resolve()
     state = BrokerState.load(data_dir)
-    if state is None or not _is_our_jvm(state.pid, data_dir):
+    if state is None or not is_our_jvm(state.pid, data_dir):
         return None, False
     return state, _ready(state.bootstrap, 5, data_dir, state.secure)
 
@@ -386,7 +386,7 @@ def local_bootstrap(data_dir: Path | None = None) -> str | None:
     """Bootstrap address of the local broker if one is running in `data_dir`."""
     data_dir = (data_dir or default_data_dir()).expanduser().resolve()
     state = BrokerState.load(data_dir)
-    if state is not None and _is_our_jvm(state.pid, data_dir):
+    if state is not None and is_our_jvm(state.pid, data_dir):
         return state.bootstrap
     return None
 

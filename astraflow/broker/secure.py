@@ -51,7 +51,7 @@ def secure_dir(data_dir: Path) -> Path:
     return data_dir / SECURE_DIR
 
 
-def _write_private(path: Path, text: str) -> None:
+def write_private(path: Path, text: str) -> None:
     """Create `path` with mode 0600 from the start (no window where it is world-readable)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.unlink(missing_ok=True)
@@ -98,7 +98,7 @@ def _leaf(sdir: Path, name: str) -> None:
     _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
              "-days", "825", "-sha256", "-extfile", f"{name}.ext", "-out", f"{name}.crt", cwd=sdir)
     bundle = "".join((sdir / f).read_text() for f in (f"{name}.key", f"{name}.crt", "ca.pem"))
-    _write_private(sdir / f"{name}.pem", bundle)
+    write_private(sdir / f"{name}.pem", bundle)
     for suffix in ("csr", "ext", "crt", "key"):
         (sdir / f"{name}.{suffix}").unlink(missing_ok=True)
 
@@ -110,7 +110,7 @@ def ensure_credentials(data_dir: Path) -> dict[str, str]:
         return dict(json.loads(path.read_text())["passwords"])
     secure_dir(data_dir).mkdir(parents=True, exist_ok=True)
     passwords = {u: secrets.token_urlsafe(24) for u in (BROKER_USER, *KINDS)}
-    _write_private(path, json.dumps({"mechanism": MECHANISM, "passwords": passwords}, indent=2))
+    write_private(path, json.dumps({"mechanism": MECHANISM, "passwords": passwords}, indent=2))
     return passwords
 
 
@@ -120,7 +120,7 @@ def run_secrets(data_dir: Path) -> dict[str, str]:
     path = secure_dir(data_dir) / "run-secrets.json"
     if not path.exists():
         secure_dir(data_dir).mkdir(parents=True, exist_ok=True)
-        _write_private(path, json.dumps({"weights_token": secrets.token_urlsafe(32),
+        write_private(path, json.dumps({"weights_token": secrets.token_urlsafe(32),
                                          "weights_mac_key": secrets.token_urlsafe(32)}, indent=2))
     return dict(json.loads(path.read_text()))
 

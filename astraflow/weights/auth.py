@@ -18,7 +18,7 @@ import os
 
 from astraflow.records import RecordError, WeightVersion, encode
 
-SECRET_ENV = "ASTRAFLOW_WEIGHTS_SECRET"
+SECRET_ENV = "ASTRAFLOW_WEIGHTS_SECRET"  # noqa: S105 - the name of the variable
 
 
 def run_secret() -> str | None:

@@ -36,7 +36,7 @@ from astraflow.errors import AstraFlowError
 log = logging.getLogger(__name__)
 
 #: Optional bearer token sent to (and required by) the trainer's weight server.
-TOKEN_ENV = "ASTRAFLOW_WEIGHTS_TOKEN"
+TOKEN_ENV = "ASTRAFLOW_WEIGHTS_TOKEN"  # noqa: S105 - the name of the variable
 #: CA bundle that https:// weight servers are checked against (default: the system's).
 CA_ENV = "ASTRAFLOW_WEIGHTS_CA"
 CHUNK = 1 << 20
@@ -191,7 +191,8 @@ def _download(uri: str, fh: BinaryIO, attempts: int, timeout: float, cap: int = 
         if token:
             headers["Authorization"] = f"Bearer {token}"
         try:
-            with urllib.request.urlopen(urllib.request.Request(uri, headers=headers), timeout=timeout,
+            # only http(s) URIs come here (`read_verified` reads file URIs itself)
+            with urllib.request.urlopen(urllib.request.Request(uri, headers=headers), timeout=timeout,  # noqa: S310
                                         context=_tls_context(uri)) as resp:
                 expected = _body_length(resp, have)
                 if resp.status == 200 and have:  # the server ignored the range: start over

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from astraflow.broker import cluster
-from astraflow.broker.launcher import _server_properties
+from astraflow.broker.launcher import server_properties
 
 
 def props(text: str) -> dict[str, str]:
@@ -15,7 +15,7 @@ def props(text: str) -> dict[str, str]:
 
 def test_each_node_is_a_voter_of_one_quorum_and_internal_topics_keep_two_in_sync(tmp_path: Path) -> None:
     voters = "1@127.0.0.1:7001,2@127.0.0.1:7002,3@127.0.0.1:7003"
-    node = props(_server_properties(tmp_path / "node-2", 9093, 7002, node_id=2, voters=voters, replicas=3))
+    node = props(server_properties(tmp_path / "node-2", 9093, 7002, node_id=2, voters=voters, replicas=3))
     assert node["node.id"] == "2" and node["process.roles"] == "broker,controller"
     assert node["controller.quorum.voters"] == voters
     assert node["listeners"] == "PLAINTEXT://127.0.0.1:9093,CONTROLLER://127.0.0.1:7002"
@@ -27,7 +27,7 @@ def test_each_node_is_a_voter_of_one_quorum_and_internal_topics_keep_two_in_sync
     # topics bring their own min ISR (topics.yaml profile): a broker default of 2 would refuse RF-1 topics
     assert node["min.insync.replicas"] == "1" and node["default.replication.factor"] == "1"
 
-    single = props(_server_properties(tmp_path, 9092, 7000))  # the one-node broker is unchanged
+    single = props(server_properties(tmp_path, 9092, 7000))  # the one-node broker is unchanged
     assert single["controller.quorum.voters"] == "1@127.0.0.1:7000"
     assert single["offsets.topic.replication.factor"] == "1" and single["transaction.state.log.min.isr"] == "1"
 

@@ -52,7 +52,7 @@ class CodeEnv(Environment):
         for form in FORMS:
             for k in range(2, 10):
                 expr = form.format(k=k)
-                tests = [[[x], eval(expr, {"__builtins__": {"max": max}}, {"x": x})] for x in INPUTS]
+                tests = [[[x], eval(expr, {"__builtins__": {"max": max}}, {"x": x})] for x in INPUTS]  # noqa: S307 - FORMS, ours
                 pool.append(TaskSpec(key=expr, prompt=f"#f(x)={expr}\n{HEAD}",
                                      payload={"func": "f", "head": HEAD, "tests": tests}))
         return cycle_pool(pool, seed)
