@@ -157,7 +157,7 @@ class TrajectoryBatch(Record):
     """Trajectories of one group, sent together: what a worker writes to `trajectories` when a task's
     episodes have ended (one record per group instead of one per episode: the streams worker's cost
     is per record, ~2 ms each, in Faust's event path; a straggler more than 2 s behind the others goes
-    in a record of its own, `workers.worker.BATCH_WAIT_S`). `items` are encoded Trajectory records, each
+    in a record of its own, `workers.batching.BATCH_WAIT_S`). `items` are encoded Trajectory records, each
     checked on its own by the consumer, so one bad trajectory is dead-lettered alone. A group too big
     for one record is split into several (`astraflow.records.batches`)."""
 
