@@ -1,9 +1,13 @@
-"""Kafka client helpers shared by every component.
+"""Reading and writing Kafka, shared by every component, and the one import path of its helpers.
 
-- `producer_config` / `make_producer`: idempotent producers (acks=all, enable.idempotence).
+- `Publisher`: encode-validate-produce of wire records, with delivery errors surfaced, not lost.
 - `TopicReader`: the one consumer of every component, its errors handled here (fatal ones raise
   with topic, partition and offset); `read_to_end` reads a topic from the beginning in one call.
-- `Publisher`: encode-validate-produce of wire records, with delivery errors surfaced, not lost.
+- `partitions_of`: a topic's partitions as the cluster tells them; `wait_for_topics`: a component
+  started with its run waits for the run's topics.
+- Re-exported from astraflow/kafka_clients.py: the clients' configuration (`client_config`,
+  `producer_config` for idempotent producers, `consumer_config`, `fetch_limit`, `resolve`) and
+  the functions that make them (`make_admin`, `make_producer`, `make_consumer`).
 - `faust_settings` (astraflow/kafka_faust.py): the same connection settings for Faust/aiokafka.
 """
 
@@ -15,120 +19,33 @@ import os
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from astraflow.config.kafka import KafkaSettings
 from astraflow.errors import AstraFlowError, ConfigError, RecordError
+from astraflow.kafka_clients import (
+    WARM_TIMEOUT_S,
+    client_config,
+    consumer_config,
+    fetch_limit,
+    make_admin,
+    make_consumer,
+    make_producer,
+    producer_config,
+    resolve,
+)
 from astraflow.records import Record, decode, encode
 
-WARM_TIMEOUT_S = 2.0  # make_producer: how long a new producer waits for its first connection
+__all__ = [  # with those of astraflow/kafka_clients.py, re-exported: this is their one import path
+    "DENIED", "TOPICS_WAIT_ENV", "UNKNOWN", "WARM_TIMEOUT_S", "DeliveryError", "KafkaReadError", "Publisher",
+    "TopicReader", "client_config", "consumer_config", "fetch_limit", "make_admin", "make_consumer",
+    "make_producer", "partitions_of", "producer_config", "read_to_end", "resolve", "wait_for_topics",
+]
+
 TOPICS_WAIT_ENV = "ASTRAFLOW_TOPICS_WAIT_S"  # wait_for_topics: how long a component waits for its topics
 
 log = logging.getLogger(__name__)
-
-
-def resolve(settings: KafkaSettings | None = None) -> KafkaSettings:
-    """Settings with ASTRAFLOW_* applied and, if no bootstrap is set, the local broker's address."""
-    settings = KafkaSettings.from_env(settings)
-    if not settings.bootstrap:
-        from astraflow.broker import local_bootstrap
-
-        found = local_bootstrap()
-        if found:
-            settings = settings.model_copy(update={"bootstrap": found})
-    settings.require_bootstrap()
-    return settings
-
-
-def client_config(settings: KafkaSettings) -> dict[str, Any]:
-    """librdkafka settings common to producers, consumers and admin clients."""
-    conf: dict[str, Any] = {
-        "bootstrap.servers": settings.require_bootstrap(),
-        "client.id": f"{settings.client_id}@{socket.gethostname()}",
-        "security.protocol": settings.security_protocol,
-    }
-    if settings.security_protocol.startswith("SASL"):
-        conf["sasl.mechanisms"] = settings.sasl_mechanism
-        if settings.sasl_username is not None:
-            conf["sasl.username"] = settings.sasl_username
-        if settings.sasl_password is not None:
-            conf["sasl.password"] = settings.sasl_password
-    if settings.security_protocol.endswith("SSL"):
-        if settings.ssl_ca_location:
-            conf["ssl.ca.location"] = settings.ssl_ca_location
-        if settings.ssl_certificate_location:
-            conf["ssl.certificate.location"] = settings.ssl_certificate_location
-        if settings.ssl_key_location:
-            conf["ssl.key.location"] = settings.ssl_key_location
-        conf["ssl.endpoint.identification.algorithm"] = "https" if settings.ssl_verify_hostname else "none"
-    if settings.wan:
-        conf.update({"socket.keepalive.enable": True, "socket.timeout.ms": 60000,
-                     "metadata.max.age.ms": 60000})
-    return conf
-
-
-def fetch_limit(settings: KafkaSettings) -> int:
-    """The largest fetch or request a client makes: the largest record plus room for its batch."""
-    return settings.message_max_bytes + (1 << 16)
-
-
-def producer_config(settings: KafkaSettings, **overrides: Any) -> dict[str, Any]:
-    conf = client_config(settings)
-    conf.update({
-        "enable.idempotence": True,
-        "acks": "all",
-        "compression.type": "lz4",
-        "linger.ms": 100 if settings.wan else 5,
-        "batch.size": (4 << 20) if settings.wan else (1 << 20),
-        "message.max.bytes": fetch_limit(settings),
-        "delivery.timeout.ms": 300_000 if settings.wan else 120_000,
-    })
-    conf.update(overrides)
-    return conf
-
-
-def consumer_config(settings: KafkaSettings, group: str, **overrides: Any) -> dict[str, Any]:
-    conf = client_config(settings)
-    conf.update({
-        "group.id": settings.group(group),
-        "enable.auto.commit": True,
-        "enable.auto.offset.store": False,  # offsets are stored after processing: at-least-once
-        "auto.offset.reset": "earliest",
-        "fetch.message.max.bytes": fetch_limit(settings),
-        "max.partition.fetch.bytes": fetch_limit(settings),
-        "session.timeout.ms": 45_000 if settings.wan else 10_000,
-        "heartbeat.interval.ms": 3_000 if settings.wan else 1_000,
-        "max.poll.interval.ms": 600_000,
-        # How long the broker may hold an empty fetch. A consumer's other requests to that broker
-        # (metadata, end offsets) queue behind it: at librdkafka's 500 ms, each end-offset look of
-        # a reading consumer took 0.5 s (the run's final metrics drain 1.7 s, the feeder's start
-        # 4 s, the trainer's partition check a 0.5 s stall). Data never waits for it.
-        "fetch.wait.max.ms": 500 if settings.wan else 100,
-    })
-    conf.update(overrides)
-    return {k: v for k, v in conf.items() if v is not None}  # None: leave librdkafka's default
-
-
-def make_admin(settings: KafkaSettings) -> Any:
-    from confluent_kafka.admin import AdminClient
-
-    return AdminClient(client_config(settings))
-
-
-def make_producer(settings: KafkaSettings, **overrides: Any) -> Any:
-    """An idempotent producer, connected. librdkafka asks for its producer id when it is created;
-    with no broker connection up yet it retries 500 ms later, and every record waits for the id:
-    each component's first delivery took 0.5 s (1 s on a new broker). A metadata request first
-    (~60 ms) brings the connection up and the id with it. Best effort: a broker that does not
-    answer within `WARM_TIMEOUT_S` is the producer's to retry, as before."""
-    from confluent_kafka import KafkaException, Producer
-
-    producer = Producer(producer_config(settings, **overrides))
-    with contextlib.suppress(KafkaException):
-        producer.list_topics(timeout=WARM_TIMEOUT_S)
-    return producer
 
 
 class DeliveryError(AstraFlowError):
@@ -283,17 +200,6 @@ def wait_for_topics(settings: KafkaSettings, bases: list[str], timeout_s: float 
             log.info("waiting for Kafka at %s and topic(s) %s", bootstrap, ", ".join(missing))
             next_note = now + 10.0
         time.sleep(interval_s)
-
-
-def make_consumer(settings: KafkaSettings, group: str | None = None, **overrides: Any) -> Any:
-    """A confluent Consumer with `consumer_config`; without `group`, a throw-away group that never
-    commits (for readers that assign partitions themselves)."""
-    from confluent_kafka import Consumer
-
-    if group is None:
-        group = f"reader-{uuid.uuid4().hex[:8]}"
-        overrides = {"enable.auto.commit": False, **overrides}
-    return Consumer(consumer_config(settings, group, **overrides))
 
 
 class TopicReader:

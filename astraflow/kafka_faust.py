@@ -1,4 +1,4 @@
-"""The connection settings of astraflow/kafka.py for Faust and aiokafka (the streams worker), SASL_SSL
+"""The connection settings of astraflow/kafka_clients.py for Faust and aiokafka (the streams worker), SASL_SSL
 included: one KafkaSettings drives both client libraries."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import ssl
 from typing import Any
 
 from astraflow.config.kafka import KafkaSettings
-from astraflow.kafka import fetch_limit
+from astraflow.kafka_clients import fetch_limit
 
 
 def ssl_context(settings: KafkaSettings) -> ssl.SSLContext:

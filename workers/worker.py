@@ -2,11 +2,12 @@
 
 Dataflow: tasks (consumer group, elastic) -> episodes (many at once, one engine per policy, the torch
 engine batching across them) -> trajectories (idempotent producer, key group_id; a task's trajectories
-go together, as one TrajectoryBatch record). A task's offset is stored only when all its trajectories
-are acknowledged by the broker and every earlier task of its partition is done too (`OffsetTracker`),
-so a worker killed at any moment loses nothing: its tasks are re-run by whoever gets the partition,
-and the deterministic traj_ids let streams drop duplicates. Partitions move with cooperative-sticky
-rebalancing; tasks of a revoked partition are cancelled (released) rather than finished twice.
+go together, as one TrajectoryBatch record: workers/batching.py). A task's offset is stored only when
+all its trajectories are acknowledged by the broker and every earlier task of its partition is done
+too (`OffsetTracker`), so a worker killed at any moment loses nothing: its tasks are re-run by
+whoever gets the partition, and the deterministic traj_ids let streams drop duplicates. Partitions
+move with cooperative-sticky rebalancing; tasks of a revoked partition are cancelled (released)
+rather than finished twice.
 SIGTERM/SIGINT: stop taking tasks, let in-flight episodes finish for `worker.drain_timeout_s`, release
 the rest, flush, commit, close.
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import signal
@@ -37,7 +37,8 @@ from astraflow.errors import AstraFlowError, ConfigError
 from astraflow.failpoints import episode_delay_s
 from astraflow.kafka import Publisher, TopicReader, wait_for_topics
 from astraflow.metrics import MetricsReporter
-from astraflow.records import Task, Trajectory, batches
+from astraflow.records import Task, Trajectory
+from workers.batching import send_as_they_end, send_batches
 from workers.engines import build_engine
 from workers.engines.base import Engine
 from workers.envs.base import Codec
@@ -49,11 +50,6 @@ log = logging.getLogger(__name__)
 #: How often the serving loop looks for new tasks and delivery acknowledgements when idle: a task
 #: waits at most this long after it is admitted (20 ms before: a tenth of a tiny recipe's step).
 POLL_TICK_S = 0.005
-#: The most encoded trajectories one record of `trajectories` carries (the topic takes 16 MiB): a
-#: group's trajectories travel together, since the streams worker's cost is per record.
-BATCH_BYTES = 1 << 20
-#: ... and wait at most this long for the rest of their group (see Worker._roll_out)
-BATCH_WAIT_S = 2.0
 
 
 def default_worker_id() -> str:
@@ -276,29 +272,10 @@ class Worker:
         self._finished(partition, offset)
 
     async def _roll_out(self, task: Task, held: list[int]) -> list[asyncio.Future[None]]:
-        """Run the task's episodes and send their trajectories; the broker's acknowledgements.
-        Trajectories go together (one record per group, the streams worker's cost being per record),
-        except that none waits more than BATCH_WAIT_S for the rest: a straggler, or a hung tool call,
-        must not hold back its group's other members (streams emits a group that misses some at its
-        timeout)."""
+        """Run the task's episodes and send their trajectories as they end (`send_as_they_end`: a
+        group's go together, none waiting long for a straggler); the broker's acknowledgements."""
         running = {asyncio.ensure_future(self._episode(task, k, held)) for k in range(task.group_size)}
-        acks: list[asyncio.Future[None]] = []
-        ended: list[Trajectory] = []
-        since = 0.0
-        try:
-            while running:
-                wait = max(0.0, since + BATCH_WAIT_S - time.monotonic()) if ended else None
-                done, running = await asyncio.wait(running, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-                for episode in done:
-                    since = since if ended else time.monotonic()
-                    ended += episode.result()
-                if ended and (not running or time.monotonic() - since >= BATCH_WAIT_S):
-                    acks += self._publish(ended)
-                    ended = []
-        finally:
-            for episode in running:
-                episode.cancel()
-        return acks
+        return await send_as_they_end(running, self._publish)
 
     async def _wait_for_weights(self, task: Task) -> None:
         """Hold a task until this worker's engines have the weights it was admitted with: the feeder
@@ -339,17 +316,9 @@ class Worker:
         return trajs
 
     def _publish(self, trajs: list[Trajectory]) -> list[asyncio.Future[None]]:
-        """Send trajectories in as few records as fit (`batches`); a future per record, settled by
-        the broker's acknowledgement (or its refusal)."""
-        def settle(fut: asyncio.Future[None], exc: Exception | None) -> None:
-            if not fut.done():
-                fut.set_result(None) if exc is None else fut.set_exception(exc)
-
-        futures: list[asyncio.Future[None]] = []
-        for batch in batches(trajs, BATCH_BYTES):
-            futures.append(self.loop.create_future())
-            self.publisher.send("trajectories", batch, key=batch.group_id,
-                                on_delivery=self._on_loop(functools.partial(settle, futures[-1])))
+        """Send trajectories in as few records as fit (`send_batches`); a future per record, settled
+        by the broker's acknowledgement (or its refusal)."""
+        futures = send_batches(self.publisher, self.loop, trajs)
         self.counts["episode_errors"] += sum(t.finish_reason == "error" for t in trajs)
         self.counts["trajectories"] += len(trajs)
         return futures

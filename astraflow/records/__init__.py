@@ -6,6 +6,7 @@
 """
 
 from astraflow.errors import RecordError
+from astraflow.records.base import Record
 from astraflow.records.codec import (
     SCHEMA_VERSION,
     batch_items,
@@ -22,7 +23,6 @@ from astraflow.records.types import (
     RECORD_TYPES,
     DeadLetter,
     Metric,
-    Record,
     Sample,
     SampleBatch,
     Task,

@@ -18,8 +18,9 @@ import msgpack
 import numpy as np
 
 from astraflow.errors import RecordError
+from astraflow.records.base import Record
 from astraflow.records.fields import MAX_BYTES, MAX_TOKENS, Array
-from astraflow.records.types import RECORD_TYPES, Record, Sample, SampleBatch, Trajectory, TrajectoryBatch
+from astraflow.records.types import RECORD_TYPES, Sample, SampleBatch, Trajectory, TrajectoryBatch
 
 SCHEMA_VERSION = 1
 EXT_NDARRAY = 1

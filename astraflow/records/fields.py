@@ -1,7 +1,7 @@
 """Field kinds of the wire records: each knows how to check and normalise one value.
 
 A record class declares its fields with these kinds (as dataclass metadata); `Record.validate()`
-(records/types.py) walks them. Checks are strict on purpose: a record that passes here is safe
+(records/base.py) walks them. Checks are strict on purpose: a record that passes here is safe
 for every consumer, so the components downstream never re-check types, lengths or finiteness.
 """
 

@@ -1,22 +1,21 @@
-"""The wire records: what travels on each topic (see DESIGN.md, "Wire records").
+"""The wire records: what travels on each topic (see DESIGN.md, "Wire records"), and `RECORD_TYPES`,
+their registry by type name.
 
-Each record is a plain dataclass whose fields carry their kind as metadata. `Record.validate()`
-checks and normalises every field plus the cross-field rules (equal token-level lengths, owners
-that index the policy list, rewards for exactly the listed policies). A record validates when it is
-built and when it is decoded; encoding validates it again if a field was assigned since (see
-`Record.unchanged`), so no component can emit or accept a malformed record.
+Each is a dataclass on `Record` (records/base.py), which validates every record when it is built,
+decoded and encoded; what is written here are its fields with their wire kinds and the cross-field
+rules of each type (`_check`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from astraflow.errors import RecordError
+from astraflow.records.base import Record, wire
 from astraflow.records.fields import (
     MAX_KEY_BYTES,
     MAX_TEXT_CHARS,
@@ -32,7 +31,6 @@ from astraflow.records.fields import (
     Int,
     IntMap,
     Json,
-    Kind,
     Optional,
     Str,
     StrList,
@@ -43,110 +41,12 @@ FINISH_REASONS = ("stop", "length", "error", "aborted")
 DTYPES = ("bfloat16", "float16", "float32")
 
 
-def wire(kind: Kind, **kwargs: Any) -> Any:
-    """A dataclass field that carries its wire kind."""
-    return field(metadata={"kind": kind}, **kwargs)
-
-
 def _now() -> float:
     return time.time()
 
 
 def _empty_i32() -> np.ndarray:
     return np.zeros(0, np.int32)
-
-
-class Record:
-    """Base of all wire records: field-by-field validation plus per-type cross-field rules."""
-
-    TYPE: ClassVar[str]
-    #: Fields that must all have the same length (token-level arrays).
-    TOKEN_FIELDS: ClassVar[tuple[str, ...]] = ()
-
-    def __post_init__(self) -> None:
-        # A record is valid from birth: construction normalises (lists become typed arrays) and
-        # raises RecordError naming the field, so an invalid record never exists in a component.
-        self.validate()
-
-    @classmethod
-    def wire_fields(cls) -> tuple[tuple[str, Kind], ...]:
-        """(name, wire kind) of each field, in order (computed once per class: `dataclasses.fields`
-        builds its tuple at every call, and validation asks at every record)."""
-        found = cls.__dict__.get("_wire_fields")
-        if found is None:
-            found = tuple((f.name, f.metadata["kind"]) for f in dataclasses.fields(cls))  # type: ignore[arg-type]
-            cls._wire_fields = found  # type: ignore[attr-defined]
-        return found
-
-    def validate(self, known_policies: frozenset[str] | None = None) -> Record:
-        """Check and normalise every field in place; return self. Raises RecordError."""
-        try:
-            checked = []
-            for name, kind in self.wire_fields():
-                value = kind.check(name, getattr(self, name))
-                setattr(self, name, value)
-                checked.append(value)
-            if self.TOKEN_FIELDS:
-                lengths = {name: len(getattr(self, name)) for name in self.TOKEN_FIELDS}
-                first = self.TOKEN_FIELDS[0]
-                for name, n in lengths.items():
-                    if n != lengths[first]:
-                        raise RecordError(name, f"has {n} elements but {first} has {lengths[first]}")
-            self._check(known_policies)
-        except RecordError as exc:
-            self._name(exc)
-            raise
-        self._checked = checked
-        return self
-
-    def unchanged(self) -> bool:
-        """Whether every field still holds the value the last validation returned (the same object):
-        then it need not be checked again before encoding. A field assigned since is not, whatever
-        its value; an array or map changed in place is, so the consumer's decode remains the check
-        that counts (every consumer validates what it decodes)."""
-        checked = self.__dict__.get("_checked")
-        if checked is None:
-            return False
-        for (name, _), value in zip(self.wire_fields(), checked, strict=True):
-            if getattr(self, name) is not value:
-                return False
-        return True
-
-    def check_policies(self, known_policies: frozenset[str]) -> Record:
-        """The cross-field rules again, now against the known policies; return self. For a record
-        whose fields were checked when it was built (decoding checks each record once)."""
-        try:
-            self._check(known_policies)
-        except RecordError as exc:
-            self._name(exc)
-            raise
-        return self
-
-    def _name(self, exc: RecordError) -> None:
-        exc.record_type = self.TYPE
-        exc.args = (f"{self.TYPE}.{exc.field}: {exc.reason}",)
-
-    def _check(self, known_policies: frozenset[str] | None) -> None:
-        """Cross-field rules of one record type."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name, _ in self.wire_fields()}
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self):
-            return NotImplemented
-        for fld in dataclasses.fields(self):  # type: ignore[arg-type]
-            a, b = getattr(self, fld.name), getattr(other, fld.name)
-            if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-                if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
-                    return False
-                if a.dtype != b.dtype or not np.array_equal(a, b, equal_nan=a.dtype.kind == "f"):
-                    return False
-            elif a != b:
-                return False
-        return True
-
-    __hash__ = None  # type: ignore[assignment]
 
 
 def _check_policy(field_name: str, name: str, known: frozenset[str] | None) -> None:
@@ -257,7 +157,7 @@ class TrajectoryBatch(Record):
     """Trajectories of one group, sent together: what a worker writes to `trajectories` when a task's
     episodes have ended (one record per group instead of one per episode: the streams worker's cost
     is per record, ~2 ms each, in Faust's event path; a straggler more than 2 s behind the others goes
-    in a record of its own, `workers.worker.BATCH_WAIT_S`). `items` are encoded Trajectory records, each
+    in a record of its own, `workers.batching.BATCH_WAIT_S`). `items` are encoded Trajectory records, each
     checked on its own by the consumer, so one bad trajectory is dead-lettered alone. A group too big
     for one record is split into several (`astraflow.records.batches`)."""
 

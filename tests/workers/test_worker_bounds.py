@@ -12,6 +12,7 @@ import pytest
 from astraflow.config import KafkaSettings
 from astraflow.errors import ConfigError
 from astraflow.records import Task, encode
+from workers import batching
 from workers import worker as worker_mod
 from workers.episodes import Runtime
 from workers.worker import Worker
@@ -254,7 +255,7 @@ def test_a_groups_trajectories_go_together_but_never_wait_long_for_a_straggler(
         return [make_traj("t0", k, group_size=4)], 5
 
     monkeypatch.setattr(worker_mod, "run_episode", episode)
-    monkeypatch.setattr(worker_mod, "BATCH_WAIT_S", 0.2)
+    monkeypatch.setattr(batching, "BATCH_WAIT_S", 0.2)
     w = _worker(tmp_path)
     sent: list[list[str]] = []
 
