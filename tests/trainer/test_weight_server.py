@@ -39,6 +39,20 @@ def test_ranges_are_served_and_nothing_outside_the_root(tmp_path: Path) -> None:
             assert _get(server.url + bad)[0] == 404
 
 
+def test_head_gives_the_length_and_dot_files_are_not_served(tmp_path: Path) -> None:
+    (tmp_path / "f.bin").write_bytes(bytes(100))
+    (tmp_path / ".f.bin.123.tmp").write_bytes(b"partial")  # how the store writes a file before its rename
+    (tmp_path / ".hidden").mkdir()
+    (tmp_path / ".hidden" / "g.bin").write_bytes(b"g")
+    with WeightServer(tmp_path) as server:
+        head = urllib.request.Request(server.url + "f.bin", method="HEAD")
+        with urllib.request.urlopen(head, timeout=10) as resp:
+            assert (resp.status, resp.headers["Content-Length"], resp.read()) == (200, "100", b"")
+        for bad in (".f.bin.123.tmp", "%2ef.bin.123.tmp", ".hidden/g.bin"):
+            assert _get(server.url + bad)[0] == 404
+        assert server.bytes_sent == 0  # neither a HEAD nor an error carries a file body
+
+
 def test_a_token_guards_the_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "f.bin").write_bytes(b"weights")
     sha = transport.sha256_of(b"weights")
