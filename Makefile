@@ -21,8 +21,9 @@ test: ## Run the whole test suite against a throw-away Kafka broker
 test-fast: install ## Only the tests that need no broker
 	@PYTHONPATH=. $(PY) -m pytest -m "not broker and not e2e" -q
 
-lint: install ## ruff and mypy
+lint: install ## ruff (rules and format) and mypy
 	@$(VENV)/bin/ruff check astraflow workers streams trainer tests bench
+	@$(VENV)/bin/ruff format --check astraflow workers streams trainer tests bench
 	@$(VENV)/bin/mypy astraflow
 
 format: install ## Format with ruff

@@ -34,13 +34,16 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-broker_app = typer.Typer(help="Run a local single-node Apache Kafka (KRaft) from Maven Central jars.",
-                         no_args_is_help=True)
+broker_app = typer.Typer(
+    help="Run a local single-node Apache Kafka (KRaft) from Maven Central jars.", no_args_is_help=True
+)
 topics_app = typer.Typer(help="Create and converge the topics of topics.yaml.", no_args_is_help=True)
 app.add_typer(broker_app, name="broker")
 app.add_typer(topics_app, name="topics")
 
-DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Broker directory (default: $ASTRAFLOW_HOME/broker).")]
+DataDir = Annotated[
+    Path | None, typer.Option("--data-dir", help="Broker directory (default: $ASTRAFLOW_HOME/broker).")
+]
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
@@ -55,17 +58,34 @@ def fail(message: str, code: int = 1) -> typer.Exit:
 def broker_start(
     port: Annotated[int, typer.Option(help="Client port on 127.0.0.1 (0: any free port).")] = 9092,
     data_dir: DataDir = None,
-    heap: Annotated[str | None, typer.Option(help="JVM heap of each node (default: 512m, 256m per node of a "
-                                                  "cluster).")] = None,
+    heap: Annotated[
+        str | None, typer.Option(help="JVM heap of each node (default: 512m, 256m per node of a cluster).")
+    ] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the broker to answer.")] = 180.0,
-    nodes: Annotated[int, typer.Option(help="KRaft nodes (combined broker+controller, a quorum of all): 3 makes a "
-                                            "local cluster that survives one node's death (default data dir "
-                                            "$ASTRAFLOW_HOME/cluster; --port is the first node's).")] = 1,
-    secure: Annotated[bool, typer.Option("--secure", help="SASL_SSL (SCRAM-SHA-512) with a CA it makes, one user "
-                                         "per component kind, ACLs enforced; credentials in DATA_DIR/secure.")] = False,
-    listener: Annotated[list[str] | None, typer.Option(
-        "--listener", help="An extra PLAINTEXT listener NAME=BIND_HOST:PORT=ADVERTISED_HOST:PORT, e.g. one per "
-                           "region, advertised at the address its clients reach it by (repeatable).")] = None,
+    nodes: Annotated[
+        int,
+        typer.Option(
+            help="KRaft nodes (combined broker+controller, a quorum of all): 3 makes a "
+            "local cluster that survives one node's death (default data dir "
+            "$ASTRAFLOW_HOME/cluster; --port is the first node's)."
+        ),
+    ] = 1,
+    secure: Annotated[
+        bool,
+        typer.Option(
+            "--secure",
+            help="SASL_SSL (SCRAM-SHA-512) with a CA it makes, one user "
+            "per component kind, ACLs enforced; credentials in DATA_DIR/secure.",
+        ),
+    ] = False,
+    listener: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--listener",
+            help="An extra PLAINTEXT listener NAME=BIND_HOST:PORT=ADVERTISED_HOST:PORT, e.g. one per "
+            "region, advertised at the address its clients reach it by (repeatable).",
+        ),
+    ] = None,
 ) -> None:
     """Start the broker (or report the one already running) and print its bootstrap address."""
     from astraflow import broker
@@ -74,14 +94,25 @@ def broker_start(
         from astraflow.broker import cluster
 
         try:
-            cs = cluster.start(nodes, port=port, data_dir=data_dir, heap=heap or "256m", timeout=max(timeout, 240.0),
-                               progress=lambda m: console.print(m, highlight=False))
+            cs = cluster.start(
+                nodes,
+                port=port,
+                data_dir=data_dir,
+                heap=heap or "256m",
+                timeout=max(timeout, 240.0),
+                progress=lambda m: console.print(m, highlight=False),
+            )
         except AstraFlowError as exc:
             raise fail(str(exc)) from None
-        console.print(f"Kafka {broker.kafka_version()} cluster of {nodes} nodes is up (PIDs "
-                      f"{', '.join(map(str, cs.pids))}); data {cs.data_dir}", highlight=False)
-        console.print(f"use it with: export ASTRAFLOW_BOOTSTRAP={cs.bootstrap} ASTRAFLOW_TOPICS_PROFILE=replicated",
-                      highlight=False)
+        console.print(
+            f"Kafka {broker.kafka_version()} cluster of {nodes} nodes is up (PIDs "
+            f"{', '.join(map(str, cs.pids))}); data {cs.data_dir}",
+            highlight=False,
+        )
+        console.print(
+            f"use it with: export ASTRAFLOW_BOOTSTRAP={cs.bootstrap} ASTRAFLOW_TOPICS_PROFILE=replicated",
+            highlight=False,
+        )
         out.print(cs.bootstrap, highlight=False)
         return
     heap = heap or "512m"
@@ -89,17 +120,28 @@ def broker_start(
         listeners = dict(spec.split("=", 1) for spec in listener or [] if "=" in spec)
         if len(listeners) != len(listener or []):
             raise fail("--listener takes NAME=BIND_HOST:PORT[=ADVERTISED_HOST:PORT]")
-        state = broker.start(port=port, data_dir=data_dir, heap=heap, timeout=timeout,
-                             progress=lambda m: console.print(m, highlight=False), secured=secure,
-                             listeners=listeners)
+        state = broker.start(
+            port=port,
+            data_dir=data_dir,
+            heap=heap,
+            timeout=timeout,
+            progress=lambda m: console.print(m, highlight=False),
+            secured=secure,
+            listeners=listeners,
+        )
     except AstraFlowError as exc:
         raise fail(str(exc)) from None
-    console.print(f"Kafka {broker.kafka_version()} is up (PID {state.pid}); log: {state.log_file}", highlight=False)
+    console.print(
+        f"Kafka {broker.kafka_version()} is up (PID {state.pid}); log: {state.log_file}", highlight=False
+    )
     if state.secure:
         sdir = Path(state.data_dir) / "secure"
-        console.print(f"SASL_SSL (SCRAM-SHA-512) only; CA {sdir / 'ca.pem'}; users and passwords (mode 0600) in "
-                      f"{sdir / 'credentials.json'}; ACLs deny everything not granted "
-                      f"(`astraflow run --secure` grants each component its own)", highlight=False)
+        console.print(
+            f"SASL_SSL (SCRAM-SHA-512) only; CA {sdir / 'ca.pem'}; users and passwords (mode 0600) in "
+            f"{sdir / 'credentials.json'}; ACLs deny everything not granted "
+            f"(`astraflow run --secure` grants each component its own)",
+            highlight=False,
+        )
     else:
         console.print(f"use it with: export ASTRAFLOW_BOOTSTRAP={state.bootstrap}", highlight=False)
     out.print(state.bootstrap, highlight=False)
@@ -117,8 +159,10 @@ def broker_stop(
     where = _cluster_dir(data_dir)
     if where is not None:
         cs = cluster.stop(where, timeout)
-        console.print(f"stopped the cluster on {cs.bootstrap}" if cs else "no node of the cluster was running",
-                      highlight=False)
+        console.print(
+            f"stopped the cluster on {cs.bootstrap}" if cs else "no node of the cluster was running",
+            highlight=False,
+        )
         return
     state = broker.stop(data_dir, timeout)
     if state is None:
@@ -138,9 +182,14 @@ def broker_status(data_dir: DataDir = None) -> None:
         cs, up, listed = cluster.status(where)
         assert cs is not None
         for i, (port, pid) in enumerate(zip(cs.ports, cs.pids, strict=True)):
-            out.print(f"node {i + 1}: 127.0.0.1:{port} PID {pid} {'running' if up[i] else 'DOWN'}; "
-                      f"log {cs.node_dir(i) / 'logs' / 'kafka.log'}", highlight=False)
-        out.print(f"{cs.bootstrap}: {listed} of {len(cs.ports)} brokers in the cluster metadata", highlight=False)
+            out.print(
+                f"node {i + 1}: 127.0.0.1:{port} PID {pid} {'running' if up[i] else 'DOWN'}; "
+                f"log {cs.node_dir(i) / 'logs' / 'kafka.log'}",
+                highlight=False,
+            )
+        out.print(
+            f"{cs.bootstrap}: {listed} of {len(cs.ports)} brokers in the cluster metadata", highlight=False
+        )
         if listed < len(cs.ports):
             raise typer.Exit(1)
         return
@@ -148,8 +197,10 @@ def broker_status(data_dir: DataDir = None) -> None:
     if state is None:
         raise fail("no broker is running (start one with `astraflow broker start`)")
     word = "answering" if answering else "NOT answering"
-    out.print(f"{state.bootstrap} PID {state.pid} {word}; data {state.data_dir}; log {state.log_file}",
-              highlight=False)
+    out.print(
+        f"{state.bootstrap} PID {state.pid} {word}; data {state.data_dir}; log {state.log_file}",
+        highlight=False,
+    )
     if not answering:
         raise typer.Exit(1)
 
@@ -169,7 +220,9 @@ def _cluster_dir(data_dir: Path | None) -> Path | None:
 
 @broker_app.command("grant")
 def broker_grant(
-    recipe: Annotated[Path, typer.Option("--recipe", "-r", help="Recipe YAML (policies, group names, namespace).")],
+    recipe: Annotated[
+        Path, typer.Option("--recipe", "-r", help="Recipe YAML (policies, group names, namespace).")
+    ],
     data_dir: DataDir = None,
 ) -> None:
     """On a broker started with --secure: create the recipe's topics and grant each component kind
@@ -184,7 +237,9 @@ def broker_grant(
     try:
         state, answering = broker.status(data_dir)
         if state is None or not answering or not state.secure:
-            raise fail(f"no secured broker answers in {data_dir} (start one with `astraflow broker start --secure`)")
+            raise fail(
+                f"no secured broker answers in {data_dir} (start one with `astraflow broker start --secure`)"
+            )
         loaded = load_recipe(recipe)
         environ = secure.credentials(data_dir, "admin").env(state.bootstrap)
         if os.environ.get("ASTRAFLOW_NAMESPACE"):
@@ -197,10 +252,13 @@ def broker_grant(
     except AstraFlowError as exc:
         raise fail(str(exc)) from None
     sdir = data_dir / secure.SECURE_DIR
-    console.print(f"{len(grants)} ACLs granted in namespace {settings.namespace!r} on {state.bootstrap}. "
-                  f"A component of kind K connects with ASTRAFLOW_SECURITY_PROTOCOL=SASL_SSL "
-                  f"ASTRAFLOW_SASL_USERNAME=K, ASTRAFLOW_SASL_PASSWORD from {sdir / secure.CREDENTIALS} and "
-                  f"ASTRAFLOW_SSL_CA_LOCATION={sdir / 'ca.pem'}", highlight=False)
+    console.print(
+        f"{len(grants)} ACLs granted in namespace {settings.namespace!r} on {state.bootstrap}. "
+        f"A component of kind K connects with ASTRAFLOW_SECURITY_PROTOCOL=SASL_SSL "
+        f"ASTRAFLOW_SASL_USERNAME=K, ASTRAFLOW_SASL_PASSWORD from {sdir / secure.CREDENTIALS} and "
+        f"ASTRAFLOW_SSL_CA_LOCATION={sdir / 'ca.pem'}",
+        highlight=False,
+    )
     out.print(str(len(grants)))
 
 
@@ -241,19 +299,32 @@ def _settings_from(recipe: Path | None, bootstrap: str | None) -> KafkaSettings:
     return resolve(base)
 
 
-Recipe = Annotated[Path | None, typer.Option("--recipe", "-r", help="Recipe YAML (policies, kafka settings).")]
-Bootstrap = Annotated[str | None, typer.Option(help="Kafka bootstrap servers (default: recipe, "
-                                                    "ASTRAFLOW_BOOTSTRAP, or the local broker).")]
+Recipe = Annotated[
+    Path | None, typer.Option("--recipe", "-r", help="Recipe YAML (policies, kafka settings).")
+]
+Bootstrap = Annotated[
+    str | None,
+    typer.Option(help="Kafka bootstrap servers (default: recipe, ASTRAFLOW_BOOTSTRAP, or the local broker)."),
+]
 
 
 @topics_app.command("apply")
 def topics_apply(
-    file: Annotated[Path | None, typer.Option("--file", "-f", help="Topic spec (default: topics.yaml).")] = None,
-    policies: Annotated[str | None, typer.Option(help="Comma-separated policies for {policy} templates.")] = None,
+    file: Annotated[
+        Path | None, typer.Option("--file", "-f", help="Topic spec (default: topics.yaml).")
+    ] = None,
+    policies: Annotated[
+        str | None, typer.Option(help="Comma-separated policies for {policy} templates.")
+    ] = None,
     recipe: Recipe = None,
     bootstrap: Bootstrap = None,
-    profile: Annotated[str | None, typer.Option(help="A profile of topics.yaml laid over every topic, e.g. "
-                                                     "`replicated` (default: $ASTRAFLOW_TOPICS_PROFILE).")] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            help="A profile of topics.yaml laid over every topic, e.g. "
+            "`replicated` (default: $ASTRAFLOW_TOPICS_PROFILE)."
+        ),
+    ] = None,
 ) -> None:
     """Create missing topics, grow partitions and converge configs. Idempotent."""
     from astraflow import topics
@@ -266,7 +337,9 @@ def topics_apply(
         report = topics.apply(make_admin(settings), specs)
     except AstraFlowError as exc:
         raise fail(str(exc)) from None
-    table = Table("topic", "partitions", "replicas", "cleanup", "change", title=f"topics on {settings.bootstrap}")
+    table = Table(
+        "topic", "partitions", "replicas", "cleanup", "change", title=f"topics on {settings.bootstrap}"
+    )
     grown = {n: (a, b) for n, a, b in report.grown}
     reconf = dict(report.reconfigured)
     for s in specs:
@@ -304,10 +377,18 @@ def topics_list(recipe: Recipe = None, bootstrap: Bootstrap = None) -> None:
 
 @app.command("compose")
 def compose(
-    recipe: Annotated[Path, typer.Option("--recipe", "-r", help="Recipe YAML, under recipes/ (the image holds it).")],
+    recipe: Annotated[
+        Path, typer.Option("--recipe", "-r", help="Recipe YAML, under recipes/ (the image holds it).")
+    ],
     base: Annotated[Path, typer.Option(help="The compose file to build from.")] = Path("docker-compose.yml"),
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write (default: "
-                                                "docker-compose.<recipe name>.yml beside the base).")] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Where to write (default: docker-compose.<recipe name>.yml beside the base).",
+        ),
+    ] = None,
 ) -> None:
     """Write a compose file that runs RECIPE: the base's services, one trainer per policy."""
     from astraflow.compose import write_compose
@@ -319,8 +400,9 @@ def compose(
     except (AstraFlowError, OSError) as exc:
         raise fail(str(exc)) from None
     trainers = [n for n in config["services"] if n.startswith("trainer-")]
-    console.print(f"wrote {target} ({', '.join(trainers)}); run it with: docker compose -f {target} up",
-                  highlight=False)
+    console.print(
+        f"wrote {target} ({', '.join(trainers)}); run it with: docker compose -f {target} up", highlight=False
+    )
     out.print(str(target), highlight=False)
 
 
@@ -347,8 +429,10 @@ def main() -> None:
     # keep. A crash in one of librdkafka's own threads ends the process without it (seen with
     # librdkafka #5040); the kernel log (`dmesg`) names the thread and library then.
     faulthandler.enable()
-    logging.basicConfig(level=os.environ.get("ASTRAFLOW_LOG_LEVEL", "WARNING"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("ASTRAFLOW_LOG_LEVEL", "WARNING"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     from astraflow.runner.supervisor import dump_stacks_on_signal, exit_when_orphaned
 
     dump_stacks_on_signal()

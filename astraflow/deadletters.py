@@ -26,8 +26,16 @@ class DeadLetters:
         self.component = component
         self.count = 0
 
-    def publish(self, source_topic: str, partition: int, offset: int, key: bytes | None, raw: bytes,
-                error: str, on_delivery: Callable[[Exception | None], None] | None = None) -> None:
+    def publish(
+        self,
+        source_topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        raw: bytes,
+        error: str,
+        on_delivery: Callable[[Exception | None], None] | None = None,
+    ) -> None:
         """Produce the dead letter; `on_delivery` hears the broker's answer (commit the source
         offset only after it acknowledged).
 
@@ -41,24 +49,40 @@ class DeadLetters:
 
         cut_key = key is not None and len(key) > MAX_KEY_BYTES
         key = key[:MAX_KEY_BYTES] if key is not None else None
-        empty = DeadLetter(source_topic=source_topic, partition=partition, offset=offset, key=key,
-                           error=error[:8192], component=self.component)
+        empty = DeadLetter(
+            source_topic=source_topic,
+            partition=partition,
+            offset=offset,
+            key=key,
+            error=error[:8192],
+            component=self.component,
+        )
         # 64: the header `raw` adds to the encoding and librdkafka's per-message overhead (< 40 bytes)
-        room = min(fetch_limit(self.publisher.settings), MAX_BYTES) - len(encode(empty)) - len(key or b"") - 64
-        dead = dataclasses.replace(empty, raw=raw[:room], truncated=cut_key or len(raw) > room)  # checked again
+        room = (
+            min(fetch_limit(self.publisher.settings), MAX_BYTES) - len(encode(empty)) - len(key or b"") - 64
+        )
+        dead = dataclasses.replace(
+            empty, raw=raw[:room], truncated=cut_key or len(raw) > room
+        )  # checked again
         self.publisher.send(self.TOPIC, dead, key=key, on_delivery=on_delivery)
         self.count += 1
         log.warning("dead-lettered %s[%d]@%d: %s", source_topic, partition, offset, error)
 
-    def publish_message(self, msg: Any, error: str,
-                        on_delivery: Callable[[Exception | None], None] | None = None) -> None:
-        self.publish(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value() or b"", error,
-                     on_delivery)
+    def publish_message(
+        self, msg: Any, error: str, on_delivery: Callable[[Exception | None], None] | None = None
+    ) -> None:
+        self.publish(
+            msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value() or b"", error, on_delivery
+        )
 
 
-def decode_or_deadletter(msg: Any, cls: type[R], dead: DeadLetters,
-                         known_policies: frozenset[str] | None = None,
-                         on_delivery: Callable[[Exception | None], None] | None = None) -> R | None:
+def decode_or_deadletter(
+    msg: Any,
+    cls: type[R],
+    dead: DeadLetters,
+    known_policies: frozenset[str] | None = None,
+    on_delivery: Callable[[Exception | None], None] | None = None,
+) -> R | None:
     """Decode a consumed message as `cls`; a bad one goes to `deadletter` and None is returned."""
     try:
         return decode(msg.value() or b"", cls, known_policies)

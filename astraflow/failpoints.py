@@ -61,5 +61,7 @@ def episode_delay_s() -> float:
     if not where:
         return 0.0
     if where != "episode_delay_ms" or not n.isdigit():
-        raise ConfigError(f"ASTRAFLOW_WORKER_FAILPOINT={where}:{n}: the one failpoint is episode_delay_ms:<int>")
+        raise ConfigError(
+            f"ASTRAFLOW_WORKER_FAILPOINT={where}:{n}: the one failpoint is episode_delay_ms:<int>"
+        )
     return int(n) / 1000.0

@@ -38,9 +38,25 @@ from astraflow.kafka_clients import (
 from astraflow.records import Record, decode, encode
 
 __all__ = [  # with those of astraflow/kafka_clients.py, re-exported: this is their one import path
-    "DENIED", "TOPICS_WAIT_ENV", "UNKNOWN", "WARM_TIMEOUT_S", "DeliveryError", "KafkaReadError", "Publisher",
-    "TopicReader", "client_config", "consumer_config", "fetch_limit", "make_admin", "make_consumer",
-    "make_producer", "partitions_of", "producer_config", "read_to_end", "resolve", "wait_for_topics",
+    "DENIED",
+    "TOPICS_WAIT_ENV",
+    "UNKNOWN",
+    "WARM_TIMEOUT_S",
+    "DeliveryError",
+    "KafkaReadError",
+    "Publisher",
+    "TopicReader",
+    "client_config",
+    "consumer_config",
+    "fetch_limit",
+    "make_admin",
+    "make_consumer",
+    "make_producer",
+    "partitions_of",
+    "producer_config",
+    "read_to_end",
+    "resolve",
+    "wait_for_topics",
 ]
 
 TOPICS_WAIT_ENV = "ASTRAFLOW_TOPICS_WAIT_S"  # wait_for_topics: how long a component waits for its topics
@@ -65,17 +81,29 @@ class Publisher:
         #: (full topic, partition) -> offset just past the last record the broker acknowledged
         self.acked_ends: dict[tuple[str, int], int] = {}
 
-    def send(self, topic: str, record: Record, key: str | bytes | None = None,
-             on_delivery: Callable[[Exception | None], None] | None = None,
-             known_policies: frozenset[str] | None = None, lossy: bool = False) -> int:
+    def send(
+        self,
+        topic: str,
+        record: Record,
+        key: str | bytes | None = None,
+        on_delivery: Callable[[Exception | None], None] | None = None,
+        known_policies: frozenset[str] | None = None,
+        lossy: bool = False,
+    ) -> int:
         """Produce `record` to the base topic `topic` (namespace applied). Returns its size in bytes.
         A `lossy` record (metrics) that is not delivered is only counted in `lost_lossy`, never
         raised by `flush()`: metrics that timed out while the broker restarted made every
         component crash (or fail to stop) after the broker was back."""
         return self.send_raw(topic, encode(record, known_policies), key, on_delivery, lossy)
 
-    def send_raw(self, topic: str, value: bytes, key: str | bytes | None = None,
-                 on_delivery: Callable[[Exception | None], None] | None = None, lossy: bool = False) -> int:
+    def send_raw(
+        self,
+        topic: str,
+        value: bytes,
+        key: str | bytes | None = None,
+        on_delivery: Callable[[Exception | None], None] | None = None,
+        lossy: bool = False,
+    ) -> int:
         from confluent_kafka import KafkaException
 
         full = self.settings.topic(topic)
@@ -116,7 +144,9 @@ class Publisher:
         if remaining:
             errors.append(f"{remaining} record(s) still unacknowledged after {timeout}s")
         if errors:
-            raise DeliveryError("; ".join(errors[:5]) + (f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""))
+            raise DeliveryError(
+                "; ".join(errors[:5]) + (f" (+{len(errors) - 5} more)" if len(errors) > 5 else "")
+            )
 
 
 class KafkaReadError(AstraFlowError):
@@ -124,8 +154,15 @@ class KafkaReadError(AstraFlowError):
 
 
 #: librdkafka errors (KafkaError.name()) that retrying cannot cure: reading raises KafkaReadError
-DENIED = frozenset({"TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED",
-                    "CLUSTER_AUTHORIZATION_FAILED", "SASL_AUTHENTICATION_FAILED", "_AUTHENTICATION"})
+DENIED = frozenset(
+    {
+        "TOPIC_AUTHORIZATION_FAILED",
+        "GROUP_AUTHORIZATION_FAILED",
+        "CLUSTER_AUTHORIZATION_FAILED",
+        "SASL_AUTHENTICATION_FAILED",
+        "_AUTHENTICATION",
+    }
+)
 UNKNOWN = frozenset({"UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC", "_UNKNOWN_PARTITION"})
 
 
@@ -160,8 +197,13 @@ def _accepting(bootstrap: str, timeout: float = 0.5) -> bool:
     return False
 
 
-def wait_for_topics(settings: KafkaSettings, bases: list[str], timeout_s: float | None = None,
-                    interval_s: float = 0.1, stopped: Callable[[], bool] = lambda: False) -> None:
+def wait_for_topics(
+    settings: KafkaSettings,
+    bases: list[str],
+    timeout_s: float | None = None,
+    interval_s: float = 0.1,
+    stopped: Callable[[], bool] = lambda: False,
+) -> None:
     """Return once the broker answers and has every topic of `bases`, for up to `timeout_s` (default:
     $ASTRAFLOW_TOPICS_WAIT_S, else no wait); then a ConfigError naming the missing ones. `astraflow
     run` sets the variable for its components and starts them while its broker boots: they import
@@ -193,9 +235,11 @@ def wait_for_topics(settings: KafkaSettings, bases: list[str], timeout_s: float 
         now = time.monotonic()
         if now >= deadline:
             where = "its topics" if admin is not None else "no answer"
-            raise ConfigError(f"Kafka at {bootstrap}: {where}; missing topic(s) {', '.join(missing)} after "
-                              f"{timeout_s:.0f}s. The broker does not create topics on use: create them with "
-                              f"`astraflow topics apply --recipe <recipe>` (namespace {settings.namespace!r})")
+            raise ConfigError(
+                f"Kafka at {bootstrap}: {where}; missing topic(s) {', '.join(missing)} after "
+                f"{timeout_s:.0f}s. The broker does not create topics on use: create them with "
+                f"`astraflow topics apply --recipe <recipe>` (namespace {settings.namespace!r})"
+            )
         if now >= next_note:
             log.info("waiting for Kafka at %s and topic(s) %s", bootstrap, ", ".join(missing))
             next_note = now + 10.0
@@ -214,8 +258,15 @@ class TopicReader:
 
     missing_s = 30.0  # how long a subscribed topic may be unknown before that is fatal (a fresh one lags)
 
-    def __init__(self, settings: KafkaSettings, topics: list[str] | tuple[str, ...] = (), *,
-                 group: str | None = None, from_beginning: bool = False, **overrides: Any) -> None:
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        topics: list[str] | tuple[str, ...] = (),
+        *,
+        group: str | None = None,
+        from_beginning: bool = False,
+        **overrides: Any,
+    ) -> None:
         self.settings = settings
         self.topics = [settings.topic(t) for t in topics]
         self.consumer = make_consumer(settings, group, **overrides)
@@ -233,8 +284,10 @@ class TopicReader:
             try:
                 parts = partitions_of(self.consumer, topic)
                 if parts:
-                    return {p: self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)[1]
-                            for p in parts}
+                    return {
+                        p: self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)[1]
+                        for p in parts
+                    }
             except KafkaException:
                 if time.monotonic() > deadline:
                     raise
@@ -285,8 +338,9 @@ class TopicReader:
             return []
         return [m for m in [first, *self.consumer.consume(num, 0)] if self.check(m)]
 
-    def to_end(self, timeout: float = 60.0, poll_s: float = 0.5,
-               ends: dict[tuple[str, int], int] | None = None) -> Iterator[Any]:
+    def to_end(
+        self, timeout: float = 60.0, poll_s: float = 0.5, ends: dict[tuple[str, int], int] | None = None
+    ) -> Iterator[Any]:
         """The messages up to `ends` ((topic, partition) -> end offset; by default those that
         `assign_from_beginning` found); raises AstraFlowError naming the partitions not read to
         their end in time. Done is judged by the consumer's position, not by the messages seen:

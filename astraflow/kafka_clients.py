@@ -57,8 +57,9 @@ def client_config(settings: KafkaSettings) -> dict[str, Any]:
             conf["ssl.key.location"] = settings.ssl_key_location
         conf["ssl.endpoint.identification.algorithm"] = "https" if settings.ssl_verify_hostname else "none"
     if settings.wan:
-        conf.update({"socket.keepalive.enable": True, "socket.timeout.ms": 60000,
-                     "metadata.max.age.ms": 60000})
+        conf.update(
+            {"socket.keepalive.enable": True, "socket.timeout.ms": 60000, "metadata.max.age.ms": 60000}
+        )
     return conf
 
 
@@ -69,37 +70,41 @@ def fetch_limit(settings: KafkaSettings) -> int:
 
 def producer_config(settings: KafkaSettings, **overrides: Any) -> dict[str, Any]:
     conf = client_config(settings)
-    conf.update({
-        "enable.idempotence": True,
-        "acks": "all",
-        "compression.type": "lz4",
-        "linger.ms": 100 if settings.wan else 5,
-        "batch.size": (4 << 20) if settings.wan else (1 << 20),
-        "message.max.bytes": fetch_limit(settings),
-        "delivery.timeout.ms": 300_000 if settings.wan else 120_000,
-    })
+    conf.update(
+        {
+            "enable.idempotence": True,
+            "acks": "all",
+            "compression.type": "lz4",
+            "linger.ms": 100 if settings.wan else 5,
+            "batch.size": (4 << 20) if settings.wan else (1 << 20),
+            "message.max.bytes": fetch_limit(settings),
+            "delivery.timeout.ms": 300_000 if settings.wan else 120_000,
+        }
+    )
     conf.update(overrides)
     return conf
 
 
 def consumer_config(settings: KafkaSettings, group: str, **overrides: Any) -> dict[str, Any]:
     conf = client_config(settings)
-    conf.update({
-        "group.id": settings.group(group),
-        "enable.auto.commit": True,
-        "enable.auto.offset.store": False,  # offsets are stored after processing: at-least-once
-        "auto.offset.reset": "earliest",
-        "fetch.message.max.bytes": fetch_limit(settings),
-        "max.partition.fetch.bytes": fetch_limit(settings),
-        "session.timeout.ms": 45_000 if settings.wan else 10_000,
-        "heartbeat.interval.ms": 3_000 if settings.wan else 1_000,
-        "max.poll.interval.ms": 600_000,
-        # How long the broker may hold an empty fetch. A consumer's other requests to that broker
-        # (metadata, end offsets) queue behind it: at librdkafka's 500 ms, each end-offset look of
-        # a reading consumer took 0.5 s (the run's final metrics drain 1.7 s, the feeder's start
-        # 4 s, the trainer's partition check a 0.5 s stall). Data never waits for it.
-        "fetch.wait.max.ms": 500 if settings.wan else 100,
-    })
+    conf.update(
+        {
+            "group.id": settings.group(group),
+            "enable.auto.commit": True,
+            "enable.auto.offset.store": False,  # offsets are stored after processing: at-least-once
+            "auto.offset.reset": "earliest",
+            "fetch.message.max.bytes": fetch_limit(settings),
+            "max.partition.fetch.bytes": fetch_limit(settings),
+            "session.timeout.ms": 45_000 if settings.wan else 10_000,
+            "heartbeat.interval.ms": 3_000 if settings.wan else 1_000,
+            "max.poll.interval.ms": 600_000,
+            # How long the broker may hold an empty fetch. A consumer's other requests to that broker
+            # (metadata, end offsets) queue behind it: at librdkafka's 500 ms, each end-offset look of
+            # a reading consumer took 0.5 s (the run's final metrics drain 1.7 s, the feeder's start
+            # 4 s, the trainer's partition check a 0.5 s stall). Data never waits for it.
+            "fetch.wait.max.ms": 500 if settings.wan else 100,
+        }
+    )
     conf.update(overrides)
     return {k: v for k, v in conf.items() if v is not None}  # None: leave librdkafka's default
 

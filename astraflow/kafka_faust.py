@@ -33,7 +33,8 @@ def faust_settings(settings: KafkaSettings) -> dict[str, Any]:
     proto = settings.security_protocol
     if proto.startswith("SASL"):
         out["broker_credentials"] = faust.SASLCredentials(
-            username=settings.sasl_username, password=settings.sasl_password,
+            username=settings.sasl_username,
+            password=settings.sasl_password,
             mechanism=settings.sasl_mechanism,
             ssl_context=ssl_context(settings) if proto == "SASL_SSL" else None,
         )

@@ -19,8 +19,14 @@ class MetricsReporter:
 
     TOPIC = METRICS
 
-    def __init__(self, publisher: Publisher, component: str, instance_id: str, region: str = "local",
-                 every_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        publisher: Publisher,
+        component: str,
+        instance_id: str,
+        region: str = "local",
+        every_s: float = 0.0,
+    ) -> None:
         self.publisher = publisher
         self.component = component
         self.instance_id = instance_id
@@ -37,8 +43,14 @@ class MetricsReporter:
         clean = {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
         if not clean:
             return False
-        metric = Metric(component=self.component, id=self.instance_id, region=self.region, step=step,
-                        time=now, values=clean)
+        metric = Metric(
+            component=self.component,
+            id=self.instance_id,
+            region=self.region,
+            step=step,
+            time=now,
+            values=clean,
+        )
         self.publisher.send(self.TOPIC, metric, key=self.instance_id, lossy=True)
         self._last = now
         return True

@@ -20,12 +20,15 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
+PAD, BOS, EOS, UNK = SPECIAL_TOKENS
 BASE_ALPHABET = string.digits + string.ascii_letters + string.punctuation + " \n"
 
 
 #: Qwen2's pre-tokenizer split (transformers rebuilds it for qwen2 checkpoints, see build_tokenizer).
-QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
-               r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+QWEN2_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+    r"""\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 
 
 def _byte_map() -> dict[int, str]:
@@ -56,21 +59,27 @@ def build_tokenizer(spec: TokenizerSpec | None = None) -> PreTrainedTokenizerFas
     from transformers import PreTrainedTokenizerFast
 
     spec = spec or TokenizerSpec()
-    alphabet = list(dict.fromkeys((BASE_ALPHABET if spec.alphabet is None else spec.alphabet) + spec.extra_chars))
+    alphabet = list(
+        dict.fromkeys((BASE_ALPHABET if spec.alphabet is None else spec.alphabet) + spec.extra_chars)
+    )
     too_wide = [c for c in alphabet if len(c.encode()) != 1]
     if too_wide:
-        raise ValueError(f"tokenizer.alphabet and extra_chars must be single-byte (ASCII) characters, got {too_wide}")
+        raise ValueError(
+            f"tokenizer.alphabet and extra_chars must be single-byte (ASCII) characters, got {too_wide}"
+        )
     vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *(_BYTE_MAP[ord(c)] for c in alphabet)])}
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", fuse_unk=False, byte_fallback=False))  # noqa: S106 - a token, not a secret
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK, fuse_unk=False, byte_fallback=False))
     core.normalizer = normalizers.NFC()
-    core.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    core.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     core.decoder = decoders.ByteLevel()
     core.add_special_tokens([AddedToken(t, special=True) for t in SPECIAL_TOKENS])
     return PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"  # noqa: S106
+        tokenizer_object=core, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK
     )
 
 
@@ -102,8 +111,9 @@ def build_model(spec: ModelSpec, tokenizer: PreTrainedTokenizerFast | None = Non
     from transformers import AutoModelForCausalLM
 
     tokenizer = tokenizer or build_tokenizer(spec.tokenizer)
-    config = build_config(spec, len(tokenizer), tokenizer.pad_token_id, tokenizer.bos_token_id,
-                          tokenizer.eos_token_id)
+    config = build_config(
+        spec, len(tokenizer), tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id
+    )
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(spec.seed)
@@ -124,7 +134,9 @@ def init_checkpoint(spec: ModelSpec, out_dir: str | Path) -> Path:
         deadline = time.monotonic() + 600
         while not _complete(out):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"rank {_distributed_rank()}: no complete initial checkpoint in {out} after 600s")
+                raise RuntimeError(
+                    f"rank {_distributed_rank()}: no complete initial checkpoint in {out} after 600s"
+                )
             time.sleep(0.2)
         return out
     tokenizer = build_tokenizer(spec.tokenizer)
@@ -155,8 +167,11 @@ def _distributed_rank() -> int:
 
 def _complete(path: Path) -> bool:
     """A checkpoint directory with its config, tokenizer and weights (not a half-written one)."""
-    return ((path / "config.json").exists() and (path / "tokenizer.json").exists()
-            and any(path.glob("*.safetensors")))
+    return (
+        (path / "config.json").exists()
+        and (path / "tokenizer.json").exists()
+        and any(path.glob("*.safetensors"))
+    )
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:

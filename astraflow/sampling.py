@@ -66,8 +66,12 @@ def _as_column(value: torch.Tensor | float, like: torch.Tensor) -> torch.Tensor:
     return t.unsqueeze(-1) if t.dim() else t
 
 
-def sampling_logprobs(logits: torch.Tensor, temperature: torch.Tensor | float, top_p: torch.Tensor | float = 1.0,
-                      top_k: torch.Tensor | int = 0) -> torch.Tensor:
+def sampling_logprobs(
+    logits: torch.Tensor,
+    temperature: torch.Tensor | float,
+    top_p: torch.Tensor | float = 1.0,
+    top_k: torch.Tensor | int = 0,
+) -> torch.Tensor:
     """Log-probabilities [..., V] (float32) of the sampling distribution of each row of `logits` [..., V].
 
     Each setting is a number or a tensor of one value per row (shape `logits.shape[:-1]`).

@@ -53,12 +53,12 @@ def samples(policy: str) -> str:
     return SAMPLES.format(policy=policy)
 
 
-
 def _stringify_configs(v: Any) -> Any:
     """Kafka topic configs are strings; YAML gives numbers and booleans too."""
     if isinstance(v, dict):
         return {k: str(x) for k, x in v.items()}
     return v
+
 
 class TopicDefaults(StrictModel):
     partitions: int = Field(default=1, ge=1, le=10_000)
@@ -149,8 +149,9 @@ def load_spec(path: str | Path = DEFAULT_SPEC) -> TopicsFile:
         used = {f for _, f, _, _ in string.Formatter().parse(name) if f is not None}
         unknown = used - PLACEHOLDERS
         if unknown:
-            raise ConfigError(f"{source}: topics.{name}: unknown placeholder {{{sorted(unknown)[0]}}}; "
-                              f"known: {{policy}}")
+            raise ConfigError(
+                f"{source}: topics.{name}: unknown placeholder {{{sorted(unknown)[0]}}}; known: {{policy}}"
+            )
     return spec
 
 
@@ -166,8 +167,12 @@ def profile_of(spec: TopicsFile, name: str | None) -> TopicProfile:
     return spec.profiles[name]
 
 
-def expand(spec: TopicsFile, policies: list[str] | None, settings: KafkaSettings | None = None,
-           profile: str | None = None) -> list[TopicSpec]:
+def expand(
+    spec: TopicsFile,
+    policies: list[str] | None,
+    settings: KafkaSettings | None = None,
+    profile: str | None = None,
+) -> list[TopicSpec]:
     """Concrete topics for the given policies, with the namespace prefix of `settings` and the
     overlay of `profile` (see `profile_of`)."""
     settings = settings or KafkaSettings()
@@ -176,7 +181,9 @@ def expand(spec: TopicsFile, policies: list[str] | None, settings: KafkaSettings
     for base, entry in spec.topics.items():
         if "{policy}" in base:
             if not policies:
-                raise ConfigError(f"topic template {base!r} needs policies: pass --policies a,b or --recipe R")
+                raise ConfigError(
+                    f"topic template {base!r} needs policies: pass --policies a,b or --recipe R"
+                )
             names = [base.format(policy=p) for p in policies]
         else:
             names = [base]
@@ -191,15 +198,22 @@ def expand(spec: TopicsFile, policies: list[str] | None, settings: KafkaSettings
         replication = over.replication or entry.replication or d.replication
         if over.min_insync_replicas is not None:
             if over.min_insync_replicas > replication:
-                raise ConfigError(f"topic {base}: min_insync_replicas {over.min_insync_replicas} exceeds its "
-                                  f"replication {replication}: every acks=all write would be refused")
+                raise ConfigError(
+                    f"topic {base}: min_insync_replicas {over.min_insync_replicas} exceeds its "
+                    f"replication {replication}: every acks=all write would be refused"
+                )
             configs["min.insync.replicas"] = str(over.min_insync_replicas)
         for name in names:
-            out.append(TopicSpec(
-                name=settings.topic(name), base=base, record=entry.record,
-                partitions=entry.partitions or d.partitions, replication=replication,
-                configs=configs,
-            ))
+            out.append(
+                TopicSpec(
+                    name=settings.topic(name),
+                    base=base,
+                    record=entry.record,
+                    partitions=entry.partitions or d.partitions,
+                    replication=replication,
+                    configs=configs,
+                )
+            )
     return out
 
 
@@ -240,15 +254,21 @@ def apply(admin: Any, specs: list[TopicSpec], timeout: float = 30.0) -> ApplyRep
     existing = metadata.topics
     for s in specs:
         if s.replication > brokers:
-            raise ConfigError(f"topic {s.name}: replication {s.replication} exceeds the {brokers} broker(s) "
-                              f"of this cluster")
+            raise ConfigError(
+                f"topic {s.name}: replication {s.replication} exceeds the {brokers} broker(s) of this cluster"
+            )
 
     missing = [s for s in specs if s.name not in existing]
     if missing:
         futures = admin.create_topics(
-            [NewTopic(s.name, num_partitions=s.partitions, replication_factor=s.replication, config=s.configs)
-             for s in missing],
-            operation_timeout=timeout, request_timeout=timeout,
+            [
+                NewTopic(
+                    s.name, num_partitions=s.partitions, replication_factor=s.replication, config=s.configs
+                )
+                for s in missing
+            ],
+            operation_timeout=timeout,
+            request_timeout=timeout,
         )
         for name, fut in futures.items():
             try:
@@ -264,15 +284,22 @@ def apply(admin: Any, specs: list[TopicSpec], timeout: float = 30.0) -> ApplyRep
     for s in present:
         copies = min((len(p.replicas) for p in existing[s.name].partitions.values()), default=s.replication)
         if copies != s.replication:
-            report.warnings.append(f"{s.name} has {copies} replica(s), not the {s.replication} of the spec "
-                                   f"(apply does not move replicas: use kafka-reassign-partitions)")
+            report.warnings.append(
+                f"{s.name} has {copies} replica(s), not the {s.replication} of the spec "
+                f"(apply does not move replicas: use kafka-reassign-partitions)"
+            )
         have = len(existing[s.name].partitions)
         if have > s.partitions:
-            report.warnings.append(f"{s.name} has {have} partitions, more than the {s.partitions} of the "
-                                   f"spec (Kafka cannot shrink a topic)")
+            report.warnings.append(
+                f"{s.name} has {have} partitions, more than the {s.partitions} of the "
+                f"spec (Kafka cannot shrink a topic)"
+            )
     if grow:
-        futures = admin.create_partitions([NewPartitions(s.name, s.partitions) for s in grow],
-                                          operation_timeout=timeout, request_timeout=timeout)
+        futures = admin.create_partitions(
+            [NewPartitions(s.name, s.partitions) for s in grow],
+            operation_timeout=timeout,
+            request_timeout=timeout,
+        )
         for s in grow:
             futures[s.name].result()
             report.grown.append((s.name, len(existing[s.name].partitions), s.partitions))
@@ -287,8 +314,12 @@ def apply(admin: Any, specs: list[TopicSpec], timeout: float = 30.0) -> ApplyRep
         for s in present:
             diff = {k: v for k, v in s.configs.items() if current[s.name].get(k) != v}
             if diff:
-                entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in diff.items()]
-                to_alter.append(ConfigResource(ConfigResource.Type.TOPIC, s.name, incremental_configs=entries))
+                entries = [
+                    ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in diff.items()
+                ]
+                to_alter.append(
+                    ConfigResource(ConfigResource.Type.TOPIC, s.name, incremental_configs=entries)
+                )
                 report.reconfigured.append((s.name, diff))
         if to_alter:
             for fut in admin.incremental_alter_configs(to_alter, request_timeout=timeout).values():
@@ -310,8 +341,9 @@ def _await_configs(admin: Any, wanted: dict[str, dict[str, str]], timeout: float
 
     deadline = time.monotonic() + timeout
     while True:
-        described = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, n) for n in wanted],
-                                           request_timeout=timeout)
+        described = admin.describe_configs(
+            [ConfigResource(ConfigResource.Type.TOPIC, n) for n in wanted], request_timeout=timeout
+        )
         lagging = []
         for res, fut in described.items():
             have = {k: v.value for k, v in fut.result().items()}
@@ -332,9 +364,13 @@ def _await_metadata(admin: Any, specs: list[TopicSpec], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         md = admin.list_topics(timeout=timeout)
-        lagging = [s.name for s in specs
-                   if s.name not in md.topics or len(md.topics[s.name].partitions) < s.partitions
-                   or any(p.leader < 0 for p in md.topics[s.name].partitions.values())]
+        lagging = [
+            s.name
+            for s in specs
+            if s.name not in md.topics
+            or len(md.topics[s.name].partitions) < s.partitions
+            or any(p.leader < 0 for p in md.topics[s.name].partitions.values())
+        ]
         if not lagging:
             return
         if time.monotonic() > deadline:

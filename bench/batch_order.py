@@ -27,8 +27,14 @@ from bench.variants import cli
 DELAYS = ((0, 0.5), (1, 0.3), (2, 0.15), (3, 0.05))
 
 
-def simulate(order: str, seed: int, steps: int = 500, batch_groups: int = 8, group_size: int = 4,
-             max_staleness: int = 2) -> dict[str, float]:
+def simulate(
+    order: str,
+    seed: int,
+    steps: int = 500,
+    batch_groups: int = 8,
+    group_size: int = 4,
+    max_staleness: int = 2,
+) -> dict[str, float]:
     """Stale share and mean lag of trained samples in the queue model of the module docstring."""
     from astraflow.records import Sample, group_id, traj_id
     from trainer.batching import GroupBuffer
@@ -42,10 +48,20 @@ def simulate(order: str, seed: int, steps: int = 500, batch_groups: int = 8, gro
             v = max(0, version - rng.choices([d for d, _ in DELAYS], [w for _, w in DELAYS])[0])
             task, n = f"t{n}", n + 1
             for i in range(group_size):
-                sample = Sample(policy="p", traj_id=traj_id(task, 0, i), group_id=group_id(task, 0), task_id=task,
-                                env="sim", tokens=np.arange(4, dtype=np.int32), loss_mask=np.ones(4, np.uint8),
-                                logprobs=np.zeros(4, np.float32), versions=np.full(4, v, np.int32),
-                                advantages=np.zeros(4, np.float32), group_size=group_size, group_samples=group_size)
+                sample = Sample(
+                    policy="p",
+                    traj_id=traj_id(task, 0, i),
+                    group_id=group_id(task, 0),
+                    task_id=task,
+                    env="sim",
+                    tokens=np.arange(4, dtype=np.int32),
+                    loss_mask=np.ones(4, np.uint8),
+                    logprobs=np.zeros(4, np.float32),
+                    versions=np.full(4, v, np.int32),
+                    advantages=np.zeros(4, np.float32),
+                    group_size=group_size,
+                    group_samples=group_size,
+                )
                 buf.add(sample, 0, offset)
                 offset += 1
         batch = buf.take(batch_groups, None, version, max_staleness)
@@ -54,8 +70,12 @@ def simulate(order: str, seed: int, steps: int = 500, batch_groups: int = 8, gro
             lags += batch.lags
             version += bool(batch.samples)  # as the trainer: a wholly stale batch trains nothing
     trained, stale = len(lags), buf.counts["samples.stale"]
-    return {"stale_share": stale / max(trained + stale, 1), "lag_mean": sum(lags) / max(trained, 1),
-            "versions": float(version), "queued_groups": float(len(buf.ready))}
+    return {
+        "stale_share": stale / max(trained + stale, 1),
+        "lag_mean": sum(lags) / max(trained, 1),
+        "versions": float(version),
+        "queued_groups": float(len(buf.ready)),
+    }
 
 
 def simulate_cli(seeds: int) -> None:
@@ -64,8 +84,10 @@ def simulate_cli(seeds: int) -> None:
     for seed in range(seeds):
         for order in ("fifo", "edf"):
             r = simulate(order, seed)
-            print(f"| {order} | {seed} | {r['stale_share']:.1%} | {r['lag_mean']:.2f} | {r['versions']:.0f} | "
-                  f"{r['queued_groups']:.0f} |")
+            print(
+                f"| {order} | {seed} | {r['stale_share']:.1%} | {r['lag_mean']:.2f} | {r['versions']:.0f} | "
+                f"{r['queued_groups']:.0f} |"
+            )
 
 
 if __name__ == "__main__":

@@ -44,7 +44,9 @@ from tests.faults.harness import (
 )
 
 POLICY = "solver"
-TRAINER_FAILPOINTS = "mid_step:4,mid_checkpoint:9,mid_publication:14,mid_step:19,mid_checkpoint:25,mid_publication:31"
+TRAINER_FAILPOINTS = (
+    "mid_step:4,mid_checkpoint:9,mid_publication:14,mid_step:19,mid_checkpoint:25,mid_publication:31"
+)
 
 
 def supervisor_kill(proc: subprocess.Popen[str], run_dir: Path) -> None:
@@ -69,16 +71,21 @@ def main() -> int:
     run_dir, broker_dir = root / "run", root / "broker"
     recipe = fault_recipe(root / "arithmetic.yaml", workers=args.workers)
     bootstrap = broker.start(port=0, data_dir=broker_dir).bootstrap
-    env = subprocess_env(ASTRAFLOW_BOOTSTRAP=bootstrap, ASTRAFLOW_NAMESPACE="chaos",
-                         ASTRAFLOW_TRAINER_FAILPOINT=TRAINER_FAILPOINTS)
+    env = subprocess_env(
+        ASTRAFLOW_BOOTSTRAP=bootstrap,
+        ASTRAFLOW_NAMESPACE="chaos",
+        ASTRAFLOW_TRAINER_FAILPOINT=TRAINER_FAILPOINTS,
+    )
     broker_rounds = {(i + 1) * args.rounds // (args.broker_restarts + 1) for i in range(args.broker_restarts)}
     done: dict[str, int] = {}
     stalls: list[str] = []
     recoveries: list[float] = []
     started = time.time()
     steps = 0  # metrics.jsonl starts again empty at each resume: the highest step seen so far
-    print(f"[chaos] {args.rounds} rounds, broker restarts in rounds {sorted(broker_rounds)}, run dir {run_dir}",
-          flush=True)
+    print(
+        f"[chaos] {args.rounds} rounds, broker restarts in rounds {sorted(broker_rounds)}, run dir {run_dir}",
+        flush=True,
+    )
     proc = start_run(recipe, run_dir, env)
     ledger = None
     try:
@@ -108,8 +115,11 @@ def main() -> int:
                 print(f"[chaos] STALL {stalls[-1][:2000]}", flush=True)
                 break
             steps = max(steps, trainer_steps(run_dir, POLICY))
-            print(f"[chaos] {time.time() - started:6.0f}s round {rnd + 1}/{args.rounds}: killed {', '.join(kinds)}; "
-                  f"step {steps} after {recoveries[-1]:.0f}s", flush=True)
+            print(
+                f"[chaos] {time.time() - started:6.0f}s round {rnd + 1}/{args.rounds}: killed {', '.join(kinds)}; "
+                f"step {steps} after {recoveries[-1]:.0f}s",
+                flush=True,
+            )
             supervisor_kill(proc, run_dir)  # after the last round too: the drain runs on a resume
             done["supervisor"] = done.get("supervisor", 0) + 1
             proc = start_run(recipe, run_dir, env)
@@ -126,13 +136,23 @@ def main() -> int:
         broker.stop(broker_dir)
     fired = sorted(p.name for p in (run_dir / "trainer" / POLICY).glob("failpoint-*"))
     problems = ledger.problems(BATCH_GROUPS, drained=not stalls)
-    result = {"machine": os.uname().nodename, "cores": os.cpu_count(), "seed": args.seed,
-              "faults": done, "trainer_failpoints_fired": fired, "steps": steps,
-              "wall_minutes": (time.time() - started) / 60, "stalls": stalls,
-              "recovery_s_p50": sorted(recoveries)[len(recoveries) // 2] if recoveries else None,
-              "recovery_s_max": max(recoveries, default=None), "ledger": ledger.to_json(),
-              "ledger_line": ledger.line(), "problems": problems,
-              "left_running": [cmd[:120] for _, cmd in processes_of(run_dir)], "run_dir": str(run_dir)}
+    result = {
+        "machine": os.uname().nodename,
+        "cores": os.cpu_count(),
+        "seed": args.seed,
+        "faults": done,
+        "trainer_failpoints_fired": fired,
+        "steps": steps,
+        "wall_minutes": (time.time() - started) / 60,
+        "stalls": stalls,
+        "recovery_s_p50": sorted(recoveries)[len(recoveries) // 2] if recoveries else None,
+        "recovery_s_max": max(recoveries, default=None),
+        "ledger": ledger.to_json(),
+        "ledger_line": ledger.line(),
+        "problems": problems,
+        "left_running": [cmd[:120] for _, cmd in processes_of(run_dir)],
+        "run_dir": str(run_dir),
+    }
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1), flush=True)
     if problems or stalls:

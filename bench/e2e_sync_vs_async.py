@@ -58,10 +58,25 @@ def samples_of(group: list[Trajectory], policy: str) -> list[Sample]:
     out = []
     for t, a in zip(group, adv, strict=True):
         mask = t.policy_mask(policy)
-        out.append(Sample(policy=policy, traj_id=t.traj_id, group_id=t.group_id, task_id=t.task_id, env=t.env,
-                          tokens=t.tokens, loss_mask=mask.astype(np.uint8), logprobs=t.logprobs, versions=t.versions,
-                          advantages=np.where(mask, a, 0).astype(np.float32), reward=t.rewards[policy],
-                          group_size=len(group), group_samples=len(group), group_mean=mean, group_std=std))
+        out.append(
+            Sample(
+                policy=policy,
+                traj_id=t.traj_id,
+                group_id=t.group_id,
+                task_id=t.task_id,
+                env=t.env,
+                tokens=t.tokens,
+                loss_mask=mask.astype(np.uint8),
+                logprobs=t.logprobs,
+                versions=t.versions,
+                advantages=np.where(mask, a, 0).astype(np.float32),
+                reward=t.rewards[policy],
+                group_size=len(group),
+                group_samples=len(group),
+                group_mean=mean,
+                group_std=std,
+            )
+        )
     return out
 
 
@@ -71,15 +86,23 @@ async def sync_run(recipe: Recipe, steps: int, work: Path) -> dict[str, Any]:
     codec = Codec(load_tokenizer(init))
     runtime = Runtime(recipe, codec)
     engine = TorchEngine(policy, str(init), max_batch=recipe.worker.max_episodes)
-    trainer = Engine(load_model(init), recipe.trainer, torch.device("cpu"), pad_id=codec.pad,
-                     sampling=SamplingSettings.of(recipe.worker))
+    trainer = Engine(
+        load_model(init),
+        recipe.trainer,
+        torch.device("cpu"),
+        pad_id=codec.pad,
+        sampling=SamplingSettings.of(recipe.worker),
+    )
     tasks = generated_tasks(recipe)
     times, rewards = [], []
     start = time.perf_counter()
     for step in range(1, steps + 1):
         batch = [next(tasks) for _ in range(recipe.trainer.batch_groups)]
-        episodes = [run_episode(runtime, task, k, {policy: engine}, "sync", "local")
-                    for task in batch for k in range(task.group_size)]
+        episodes = [
+            run_episode(runtime, task, k, {policy: engine}, "sync", "local")
+            for task in batch
+            for k in range(task.group_size)
+        ]
         results = await asyncio.gather(*episodes)  # generate (the engine batches the episodes)
         by_group: dict[str, list[Trajectory]] = {}
         for trajs, _ in results:
@@ -96,8 +119,12 @@ async def sync_run(recipe: Recipe, steps: int, work: Path) -> dict[str, Any]:
         times.append(time.perf_counter())
     await engine.close()
     await runtime.close()
-    return {"total_s": times[-1] - start, "steps_s": times[-1] - times[0], "rewards": rewards,
-            "times": [t - times[0] for t in times]}
+    return {
+        "total_s": times[-1] - start,
+        "steps_s": times[-1] - times[0],
+        "rewards": rewards,
+        "times": [t - times[0] for t in times],
+    }
 
 
 def async_run(recipe_path: Path, staleness: int, steps: int, work: Path) -> dict[str, Any]:
@@ -107,25 +134,43 @@ def async_run(recipe_path: Path, staleness: int, steps: int, work: Path) -> dict
     recipe_file.write_text(yaml.safe_dump(data))
     run_dir = work / f"run-s{staleness}"
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "astraflow.cli", "run", str(recipe_file), "--run-dir", str(run_dir),
-                    "--max-steps", str(steps), "--no-dashboard"], check=True, cwd=REPO,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "astraflow.cli",
+            "run",
+            str(recipe_file),
+            "--run-dir",
+            str(run_dir),
+            "--max-steps",
+            str(steps),
+            "--no-dashboard",
+        ],
+        check=True,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     total = time.perf_counter() - start
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     by_step = {r["step"]: r for r in rows if r["component"] == "trainer" and r["step"] >= 1}
     ordered = [by_step[s] for s in sorted(by_step)][:steps]
-    return {"total_s": total, "steps_s": ordered[-1]["time"] - ordered[0]["time"],
-            "rewards": [r["values"].get("reward.mean", float("nan")) for r in ordered],
-            "times": [r["time"] - ordered[0]["time"] for r in ordered],
-            "staleness": float(np.mean([r["values"].get("staleness.mean", 0.0) for r in ordered])),
-            "stale_dropped": ordered[-1]["values"].get("samples.stale", 0.0)}
+    return {
+        "total_s": total,
+        "steps_s": ordered[-1]["time"] - ordered[0]["time"],
+        "rewards": [r["values"].get("reward.mean", float("nan")) for r in ordered],
+        "times": [r["time"] - ordered[0]["time"] for r in ordered],
+        "staleness": float(np.mean([r["values"].get("staleness.mean", 0.0) for r in ordered])),
+        "stale_dropped": ordered[-1]["values"].get("samples.stale", 0.0),
+    }
 
 
 def time_to(result: dict[str, Any], target: float, window: int = 10) -> float | None:
     """Seconds after step 1 at which the mean reward of the last `window` steps first reaches `target`."""
     rewards, times = result["rewards"], result["times"]
     for i in range(window - 1, len(rewards)):
-        if float(np.mean(rewards[i - window + 1: i + 1])) >= target:
+        if float(np.mean(rewards[i - window + 1 : i + 1])) >= target:
             return float(times[i])
     return None
 
@@ -135,10 +180,19 @@ def main() -> None:
     parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "guess_number.yaml")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--staleness", type=int, nargs="*", default=[1, 2, 4])
-    parser.add_argument("--async-steps", type=int, default=None,
-                        help="steps of the dataflow runs (default --steps): more, to reach the sync run's reward")
-    parser.add_argument("--tool-latency", type=float, nargs=2, metavar=("MEDIAN_S", "SIGMA"),
-                        help="a lognormal delay for every environment step, in both modes")
+    parser.add_argument(
+        "--async-steps",
+        type=int,
+        default=None,
+        help="steps of the dataflow runs (default --steps): more, to reach the sync run's reward",
+    )
+    parser.add_argument(
+        "--tool-latency",
+        type=float,
+        nargs=2,
+        metavar=("MEDIAN_S", "SIGMA"),
+        help="a lognormal delay for every environment step, in both modes",
+    )
     args = parser.parse_args()
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -146,8 +200,10 @@ def main() -> None:
         recipe_path = args.recipe
         if args.tool_latency:
             data = yaml.safe_load(args.recipe.read_text())
-            data.setdefault("worker", {})["tool_latency"] = {"median_s": args.tool_latency[0],
-                                                             "sigma": args.tool_latency[1]}
+            data.setdefault("worker", {})["tool_latency"] = {
+                "median_s": args.tool_latency[0],
+                "sigma": args.tool_latency[1],
+            }
             recipe_path = work / "recipe-latency.yaml"
             recipe_path.write_text(yaml.safe_dump(data))
         recipe = load_recipe(recipe_path)
@@ -155,31 +211,41 @@ def main() -> None:
         for s in args.staleness:
             results[f"async s={s}"] = async_run(recipe_path, s, args.async_steps or args.steps, work)
     print(f"machine: {describe()}")
-    print(f"workload: {recipe.name}, {args.steps} steps of {recipe.trainer.batch_groups} groups x "
-          f"{recipe.feeder.group_size}; async with {recipe.worker.count} workers")
+    print(
+        f"workload: {recipe.name}, {args.steps} steps of {recipe.trainer.batch_groups} groups x "
+        f"{recipe.feeder.group_size}; async with {recipe.worker.count} workers"
+    )
     lat = recipe.worker.tool_latency
     if lat.median_s > 0:
         p99 = min(lat.max_s, lat.median_s * math.exp(2.326 * lat.sigma))
-        print(f"tool latency per environment step: lognormal, p50 {lat.median_s * 1000:.0f} ms, "
-              f"p99 {p99 * 1000:.0f} ms (p99/p50 {p99 / lat.median_s:.1f}), mean "
-              f"{lat.median_s * math.exp(lat.sigma ** 2 / 2) * 1000:.0f} ms")
+        print(
+            f"tool latency per environment step: lognormal, p50 {lat.median_s * 1000:.0f} ms, "
+            f"p99 {p99 * 1000:.0f} ms (p99/p50 {p99 / lat.median_s:.1f}), mean "
+            f"{lat.median_s * math.exp(lat.sigma**2 / 2) * 1000:.0f} ms"
+        )
     base = results["sync"]["steps_s"]
     # equal reward: the time each mode took (from step 1) until its last 10 steps averaged the reward
     # of the sync run's last 10 steps
     target = float(np.mean(results["sync"]["rewards"][-10:]))
     sync_to = time_to(results["sync"], target)
-    print(f"{'mode':12s} {'steps':>6s} {'steps 2..N s':>13s} {'total s':>9s} {'sync/this':>10s} "
-          f"{'reward last 10':>15s} {'mean lag':>9s} {'s to target':>12s} {'sync/this':>10s}")
+    print(
+        f"{'mode':12s} {'steps':>6s} {'steps 2..N s':>13s} {'total s':>9s} {'sync/this':>10s} "
+        f"{'reward last 10':>15s} {'mean lag':>9s} {'s to target':>12s} {'sync/this':>10s}"
+    )
     for mode, r in results.items():
         last = [x for x in r["rewards"][-10:] if x == x]
         reach = time_to(r, target)
         per_step = (base / (len(results["sync"]["rewards"]) - 1)) / (r["steps_s"] / (len(r["rewards"]) - 1))
-        print(f"{mode:12s} {len(r['rewards']):6d} {r['steps_s']:13.1f} {r['total_s']:9.1f} {per_step:10.2f} "
-              f"{(sum(last) / len(last) if last else float('nan')):15.3f} {r.get('staleness', 0.0):9.2f} "
-              f"{(f'{reach:.1f}' if reach is not None else 'never'):>12s} "
-              f"{(f'{sync_to / reach:.2f}' if reach and sync_to else '-'):>10s}")
-    print(f"target: the sync run's last-10-step reward, {target:.3f}; sync/this per step is the ratio of "
-          "seconds a step")
+        print(
+            f"{mode:12s} {len(r['rewards']):6d} {r['steps_s']:13.1f} {r['total_s']:9.1f} {per_step:10.2f} "
+            f"{(sum(last) / len(last) if last else float('nan')):15.3f} {r.get('staleness', 0.0):9.2f} "
+            f"{(f'{reach:.1f}' if reach is not None else 'never'):>12s} "
+            f"{(f'{sync_to / reach:.2f}' if reach and sync_to else '-'):>10s}"
+        )
+    print(
+        f"target: the sync run's last-10-step reward, {target:.3f}; sync/this per step is the ratio of "
+        "seconds a step"
+    )
 
 
 if __name__ == "__main__":

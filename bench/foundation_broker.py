@@ -43,12 +43,16 @@ def main() -> None:
             broker.stop(data)
     print(f"machine: {describe()}")
     print(f"Kafka {broker.kafka_version()}, {args.rounds} rounds")
-    print(f"cold start (format + start + AdminClient answers): median {statistics.median(cold):.2f}s "
-          f"(min {min(cold):.2f}, max {max(cold):.2f})")
+    print(
+        f"cold start (format + start + AdminClient answers): median {statistics.median(cold):.2f}s "
+        f"(min {min(cold):.2f}, max {max(cold):.2f})"
+    )
     print(f"warm restart (existing data dir):                  median {statistics.median(warm):.2f}s")
     print(f"graceful stop:                                     median {statistics.median(stops):.2f}s")
-    print(f"bare JVM start (java -version):                    {jvm:.2f}s "
-          f"(cold start = {statistics.median(cold) / jvm:.0f}x the JVM floor)")
+    print(
+        f"bare JVM start (java -version):                    {jvm:.2f}s "
+        f"(cold start = {statistics.median(cold) / jvm:.0f}x the JVM floor)"
+    )
 
 
 if __name__ == "__main__":

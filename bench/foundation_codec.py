@@ -23,11 +23,21 @@ def trajectory(n: int = 1024) -> Trajectory:
     rng = np.random.default_rng(0)
     owner = np.where(np.arange(n) < 64, -1, 0).astype(np.int8)
     return Trajectory(
-        traj_id="task-000001#0#3", group_id="task-000001#0", task_id="task-000001", env="arithmetic",
-        policies=["solver"], tokens=rng.integers(0, 32000, n, dtype=np.int32), owner=owner,
+        traj_id="task-000001#0#3",
+        group_id="task-000001#0",
+        task_id="task-000001",
+        env="arithmetic",
+        policies=["solver"],
+        tokens=rng.integers(0, 32000, n, dtype=np.int32),
+        owner=owner,
         logprobs=np.where(owner >= 0, -rng.random(n, dtype=np.float32), 0).astype(np.float32),
-        versions=np.where(owner >= 0, 7, -1).astype(np.int32), rewards={"solver": 1.0}, group_size=8,
-        sample_index=3, worker_id="w1", region="eu", timings={"generate_s": 1.5},
+        versions=np.where(owner >= 0, 7, -1).astype(np.int32),
+        rewards={"solver": 1.0},
+        group_size=8,
+        sample_index=3,
+        worker_id="w1",
+        region="eu",
+        timings={"generate_s": 1.5},
     )
 
 
@@ -58,14 +68,18 @@ def main() -> None:
         "msgpack decode (lists)": (rate(lambda: msgpack.unpackb(mp), args.seconds), len(mp)),
     }
     print(f"machine: {describe()}")
-    print(f"record: Trajectory of 1,024 tokens; astraflow {len(data)} B, json {len(js)} B, msgpack-lists {len(mp)} B")
+    print(
+        f"record: Trajectory of 1,024 tokens; astraflow {len(data)} B, json {len(js)} B, msgpack-lists {len(mp)} B"
+    )
     print(f"{'':26s} {'records/s':>12s} {'MB/s':>8s}")
     for name, (r, size) in rows.items():
         print(f"{name:26s} {r:12,.0f} {r * size / 1e6:8.1f}")
     for op in ("encode", "decode"):
         ours = rows[f"astraflow {op}"][0]
-        print(f"{op}: {ours / rows[f'json {op} (lists)'][0]:.1f}x json, "
-              f"{ours / rows[f'msgpack {op} (lists)'][0]:.1f}x msgpack-with-lists (records/s ratio)")
+        print(
+            f"{op}: {ours / rows[f'json {op} (lists)'][0]:.1f}x json, "
+            f"{ours / rows[f'msgpack {op} (lists)'][0]:.1f}x msgpack-with-lists (records/s ratio)"
+        )
 
 
 if __name__ == "__main__":

@@ -67,12 +67,17 @@ class Target:
 
 def rises(policy: str) -> list[Target]:
     """A significant rise of the reward from the first to the last tenth."""
-    return [Target(policy, "reward", "p_value", "<", RISE_P), Target(policy, "reward", "improvement", ">=", 1e-9)]
+    return [
+        Target(policy, "reward", "p_value", "<", RISE_P),
+        Target(policy, "reward", "improvement", ">=", 1e-9),
+    ]
 
 
 TARGETS: dict[str, list[Target]] = {
-    "referential_game": [Target("speaker", "success", "best_tenth", ">=", 0.9),
-                         Target("listener", "success", "best_tenth", ">=", 0.9)],
+    "referential_game": [
+        Target("speaker", "success", "best_tenth", ">=", 0.9),
+        Target("listener", "success", "best_tenth", ">=", 0.9),
+    ],
     "guess_number": [Target("agent", "success", "best_tenth", ">=", 0.8)],
     "solve_and_verify": [*rises("solver"), Target("verifier", "reward", "last_tenth", ">=", 0.9)],
     "arithmetic": rises("solver"),
@@ -96,11 +101,20 @@ def judge(recipe: str, policies: list[str], summary: dict[str, Any]) -> dict[str
     failed = [t.describe() for t in targets_for(recipe, policies) if not t.holds(summary)]
     if summary.get("failed"):
         failed.insert(0, f"components failed: {summary['failed']}")
-    stats = {p: {f"{m}.{s}": value_of(summary, p, m, s)
-                 for m in ("reward", "success") for s in ("first_tenth", "last_tenth", "best_tenth", "p_value")}
-             for p in policies}
-    return {"learned": not failed, "failed_targets": failed, "stats": stats,
-            "steps": {p: summary.get("policies", {}).get(p, {}).get("steps") for p in policies}}
+    stats = {
+        p: {
+            f"{m}.{s}": value_of(summary, p, m, s)
+            for m in ("reward", "success")
+            for s in ("first_tenth", "last_tenth", "best_tenth", "p_value")
+        }
+        for p in policies
+    }
+    return {
+        "learned": not failed,
+        "failed_targets": failed,
+        "stats": stats,
+        "steps": {p: summary.get("policies", {}).get(p, {}).get("steps") for p in policies},
+    }
 
 
 def tally(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -121,22 +135,28 @@ def markdown(results: list[dict[str, Any]]) -> str:
     for recipe, t in tally(results).items():
         missed = ", ".join(str(s) for s in t["not_learned"]) or "-"
         lines.append(f"| {recipe} | {t['learned']} / {t['runs']} | {missed} | {'; '.join(t['targets'])} |")
-    lines += ["", "| recipe | seed | policy | reward first / last / best tenth | success first / last / best tenth | learned |",
-              "|---|---:|---|---|---|---|"]
+    lines += [
+        "",
+        "| recipe | seed | policy | reward first / last / best tenth | success first / last / best tenth | learned |",
+        "|---|---:|---|---|---|---|",
+    ]
 
     def f(v: float | None) -> str:
         return "-" if v is None else f"{v:.3f}"
 
     for r in results:
         for p, s in r["stats"].items():
-            lines.append(f"| {r['recipe']} | {r['seed']} | {p} | {f(s['reward.first_tenth'])} / "
-                         f"{f(s['reward.last_tenth'])} / {f(s['reward.best_tenth'])} | {f(s['success.first_tenth'])} / "
-                         f"{f(s['success.last_tenth'])} / {f(s['success.best_tenth'])} | "
-                         f"{'yes' if r['learned'] else 'no: ' + '; '.join(r['failed_targets'])} |")
+            lines.append(
+                f"| {r['recipe']} | {r['seed']} | {p} | {f(s['reward.first_tenth'])} / "
+                f"{f(s['reward.last_tenth'])} / {f(s['reward.best_tenth'])} | {f(s['success.first_tenth'])} / "
+                f"{f(s['success.last_tenth'])} / {f(s['success.best_tenth'])} | "
+                f"{'yes' if r['learned'] else 'no: ' + '; '.join(r['failed_targets'])} |"
+            )
     return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------- running recipes (shared by the benches)
+
 
 def cpu_recipes() -> list[str]:
     return sorted(p.stem for p in RECIPES.glob("*.yaml"))
@@ -170,7 +190,9 @@ def set_key(data: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
     return data
 
 
-def run_recipe(data: dict[str, Any], run_dir: Path, steps: int | None, bootstrap: str | None = None) -> dict[str, Any]:
+def run_recipe(
+    data: dict[str, Any], run_dir: Path, steps: int | None, bootstrap: str | None = None
+) -> dict[str, Any]:
     """`astraflow run` of a recipe dict into `run_dir` (its own broker unless `bootstrap`, then a
     fresh topic namespace); returns summary.json, or reads it when the run was done before."""
     summary_file = run_dir / "summary.json"
@@ -179,10 +201,23 @@ def run_recipe(data: dict[str, Any], run_dir: Path, steps: int | None, bootstrap
     run_dir.mkdir(parents=True, exist_ok=True)
     data = copy.deepcopy(data)
     if bootstrap:
-        data["kafka"] = {**data.get("kafka", {}), "bootstrap": bootstrap, "namespace": f"b{uuid.uuid4().hex[:10]}"}
+        data["kafka"] = {
+            **data.get("kafka", {}),
+            "bootstrap": bootstrap,
+            "namespace": f"b{uuid.uuid4().hex[:10]}",
+        }
     recipe_file = run_dir.parent / f"{run_dir.name}.yaml"  # the run copies it to run_dir/recipe.yaml
     recipe_file.write_text(yaml.safe_dump(data, sort_keys=False))
-    cmd = [sys.executable, "-m", "astraflow.cli", "run", str(recipe_file), "--run-dir", str(run_dir), "--no-dashboard"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "astraflow.cli",
+        "run",
+        str(recipe_file),
+        "--run-dir",
+        str(run_dir),
+        "--no-dashboard",
+    ]
     if steps:
         cmd += ["--max-steps", str(steps)]
     with (run_dir / "run.log").open("w") as log:
@@ -190,11 +225,15 @@ def run_recipe(data: dict[str, Any], run_dir: Path, steps: int | None, bootstrap
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
         done = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
     if not summary_file.exists():
-        raise RuntimeError(f"astraflow run exited {done.returncode} without a summary; see {run_dir / 'run.log'}")
+        raise RuntimeError(
+            f"astraflow run exited {done.returncode} without a summary; see {run_dir / 'run.log'}"
+        )
     return json.loads(summary_file.read_text())
 
 
-def sweep(recipes: list[str], seeds: list[int], steps: int | None, out: Path, bootstrap: str | None) -> list[dict[str, Any]]:
+def sweep(
+    recipes: list[str], seeds: list[int], steps: int | None, out: Path, bootstrap: str | None
+) -> list[dict[str, Any]]:
     results = []
     for name in recipes:
         base = yaml.safe_load((RECIPES / f"{name}.yaml").read_text())
@@ -202,11 +241,20 @@ def sweep(recipes: list[str], seeds: list[int], steps: int | None, out: Path, bo
         for seed in seeds:
             summary = run_recipe(seeded(base, seed), out / name / f"seed-{seed}", steps, bootstrap)
             verdict = judge(name, policies, summary)
-            results.append({"recipe": name, "seed": seed, **verdict,
-                            "targets": [t.describe() for t in targets_for(name, policies)],
-                            "wall_minutes": summary.get("wall_minutes")})
-            print(f"{name} seed {seed}: {'learned' if verdict['learned'] else 'did not learn'} "
-                  f"{verdict['failed_targets'] or ''}", flush=True)
+            results.append(
+                {
+                    "recipe": name,
+                    "seed": seed,
+                    **verdict,
+                    "targets": [t.describe() for t in targets_for(name, policies)],
+                    "wall_minutes": summary.get("wall_minutes"),
+                }
+            )
+            print(
+                f"{name} seed {seed}: {'learned' if verdict['learned'] else 'did not learn'} "
+                f"{verdict['failed_targets'] or ''}",
+                flush=True,
+            )
     return results
 
 
@@ -214,8 +262,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=20, help="How many seeds (first-seed, first-seed + 1, ...).")
     ap.add_argument("--first-seed", type=int, default=0)
-    ap.add_argument("--recipes", default=None, help="Comma-separated recipe names (default: every CPU recipe).")
-    ap.add_argument("--steps", type=int, default=None, help="Steps per run (default: each recipe's run.max_steps).")
+    ap.add_argument(
+        "--recipes", default=None, help="Comma-separated recipe names (default: every CPU recipe)."
+    )
+    ap.add_argument(
+        "--steps", type=int, default=None, help="Steps per run (default: each recipe's run.max_steps)."
+    )
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "learning_seeds")
     ap.add_argument("--bootstrap", default=None, help="Share one running broker (a fresh namespace per run).")
     args = ap.parse_args(argv)
@@ -235,8 +287,11 @@ def main(argv: list[str] | None = None) -> None:
     results = sweep(args.recipes, seeds, args.steps, args.out, args.bootstrap)
     args.out.mkdir(parents=True, exist_ok=True)
     machine = describe()
-    (args.out / "learning_seeds.json").write_text(json.dumps({"machine": machine, "results": results,
-                                                              "tally": tally(results), "steps": args.steps}, indent=2))
+    (args.out / "learning_seeds.json").write_text(
+        json.dumps(
+            {"machine": machine, "results": results, "tally": tally(results), "steps": args.steps}, indent=2
+        )
+    )
     table = f"machine: {machine}\nsteps: {args.steps or 'each recipe its own'}\n\n" + markdown(results)
     (args.out / "learning_seeds.md").write_text(table)
     print(table)

@@ -63,9 +63,25 @@ def run_once(recipe_file: Path, steps: int, run_dir: Path, bootstrap: str, code:
     """`astraflow run` of the checkout at `code` (its own package first on the path); wall seconds."""
     env = {**os.environ, "ASTRAFLOW_BOOTSTRAP": bootstrap, "PYTHONPATH": str(code)}
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "astraflow.cli", "run", str(recipe_file), "--run-dir", str(run_dir),
-                    "--max-steps", str(steps), "--no-dashboard"], check=True, cwd=code, env=env,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "astraflow.cli",
+            "run",
+            str(recipe_file),
+            "--run-dir",
+            str(run_dir),
+            "--max-steps",
+            str(steps),
+            "--no-dashboard",
+        ],
+        check=True,
+        cwd=code,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.perf_counter() - start
 
 
@@ -83,17 +99,33 @@ def breakdown(settings: KafkaSettings, run_dir: Path, policy: str) -> dict[str, 
     for ts, r in read_to_end(settings, f"samples.{policy}"):
         if isinstance(r, (Sample, SampleBatch)):
             sampled[r.group_id] = max(sampled.get(r.group_id, 0.0), ts)
-    versions = sorted((r.step, ts) for ts, r in read_to_end(settings, "weights")
-                      if isinstance(r, WeightVersion) and r.policy == policy and r.step > 0)
+    versions = sorted(
+        (r.step, ts)
+        for ts, r in read_to_end(settings, "weights")
+        if isinstance(r, WeightVersion) and r.policy == policy and r.step > 0
+    )
     published = dict(versions)
-    ledger = [json.loads(line) for line in (run_dir / "trainer" / policy / "trained.jsonl").read_text().splitlines()
-              if line.strip()]
+    ledger = [
+        json.loads(line)
+        for line in (run_dir / "trainer" / policy / "trained.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
     if not ledger or "formed" not in ledger[0]:  # a checkout older than the timestamps: none of this
         return {}
-    out: dict[str, list[float]] = {k: [] for k in (
-        "admitted -> episodes start", "episodes start -> last trajectory", "last trajectory -> last sample",
-        "last sample -> batch formed", "batch formed -> step done", "step done -> weights event",
-        "admitted -> trained", "step interval", "weights event -> next admission (blocked feeder)")}
+    out: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "admitted -> episodes start",
+            "episodes start -> last trajectory",
+            "last trajectory -> last sample",
+            "last sample -> batch formed",
+            "batch formed -> step done",
+            "step done -> weights event",
+            "admitted -> trained",
+            "step interval",
+            "weights event -> next admission (blocked feeder)",
+        )
+    }
     for row in ledger:
         for g in row["groups"]:
             if not all(g in d for d in (tasks, started, produced, sampled)):
@@ -127,30 +159,49 @@ def measure(recipe_file: Path, steps: int, work: Path, code: Path) -> dict[str, 
         wall = run_once(recipe_file, steps, run_dir, state.bootstrap, code)
         settings = KafkaSettings(bootstrap=state.bootstrap, namespace=recipe.name)  # as `run` names it
         stages = breakdown(settings, run_dir, recipe.policy_names[0])
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        rows = [
+            json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()
+        ]
     finally:
         broker.stop(work / "kafka")
-    trainer = sorted((r for r in rows if r["component"] == "trainer" and r["step"] >= 1), key=lambda r: r["step"])
+    trainer = sorted(
+        (r for r in rows if r["component"] == "trainer" and r["step"] >= 1), key=lambda r: r["step"]
+    )
     times = [r["time"] for r in trainer]
     stages["step interval (trainer metrics)"] = [b - a for a, b in zip(times, times[1:], strict=False)]
     tenth = max(1, len(trainer) // 10)
     reward = [r["values"].get("reward.mean", float("nan")) for r in trainer]
     lags = [r["values"].get("staleness.mean", 0.0) for r in trainer]
-    return {"wall": wall, "steps_s": times[-1] - times[0], "steps": len(trainer), "stages": stages,
-            "first": statistics.fmean(reward[:tenth]), "last": statistics.fmean(reward[-tenth:]),
-            "lag": statistics.fmean(lags) if lags else 0.0}
+    return {
+        "wall": wall,
+        "steps_s": times[-1] - times[0],
+        "steps": len(trainer),
+        "stages": stages,
+        "first": statistics.fmean(reward[:tenth]),
+        "last": statistics.fmean(reward[-tenth:]),
+        "lag": statistics.fmean(lags) if lags else 0.0,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "arithmetic.yaml")
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="recipe overrides, YAML values (e.g. max_staleness=4)")
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="recipe overrides, YAML values (e.g. max_staleness=4)",
+    )
     parser.add_argument("--no-full-addition", action="store_true", help="keep the recipe's own env_args")
-    parser.add_argument("--baseline", type=Path, metavar="CHECKOUT",
-                        help="also run this checkout of the project first (e.g. a `git worktree` of an "
-                             "older commit) and print both side by side")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="CHECKOUT",
+        help="also run this checkout of the project first (e.g. a `git worktree` of an "
+        "older commit) and print both side by side",
+    )
     parser.add_argument("--keep", type=Path, help="work in this directory and keep the runs there")
     args = parser.parse_args()
     data = yaml.safe_load(args.recipe.read_text())
@@ -172,17 +223,25 @@ def main() -> None:
         for name, code in codes.items():
             results[name] = measure(recipe_file, args.steps, work / name, code)
     print(f"machine: {describe()}")
-    print(f"workload: {recipe.name} {json.dumps(data.get('feeder', {}).get('env_args', {}))}, {args.steps} steps of "
-          f"{recipe.trainer.batch_groups} groups x {recipe.feeder.group_size}, max_staleness {recipe.max_staleness}, "
-          f"{recipe.worker.count} workers; overrides {args.set}; runs: "
-          + ", ".join(f"{n} = {c}" for n, c in codes.items()))
-    print(f"{'run':10s} {'wall s':>7s} {'steps 2..N s':>13s} {'s/step':>7s} {'reward 1st 10%':>15s} "
-          f"{'last 10%':>9s} {'mean lag':>9s}")
+    print(
+        f"workload: {recipe.name} {json.dumps(data.get('feeder', {}).get('env_args', {}))}, {args.steps} steps of "
+        f"{recipe.trainer.batch_groups} groups x {recipe.feeder.group_size}, max_staleness {recipe.max_staleness}, "
+        f"{recipe.worker.count} workers; overrides {args.set}; runs: "
+        + ", ".join(f"{n} = {c}" for n, c in codes.items())
+    )
+    print(
+        f"{'run':10s} {'wall s':>7s} {'steps 2..N s':>13s} {'s/step':>7s} {'reward 1st 10%':>15s} "
+        f"{'last 10%':>9s} {'mean lag':>9s}"
+    )
     for name, r in results.items():
-        print(f"{name:10s} {r['wall']:7.1f} {r['steps_s']:13.1f} {r['steps_s'] / max(1, r['steps'] - 1):7.3f} "
-              f"{r['first']:15.3f} {r['last']:9.3f} {r['lag']:9.2f}")
+        print(
+            f"{name:10s} {r['wall']:7.1f} {r['steps_s']:13.1f} {r['steps_s'] / max(1, r['steps'] - 1):7.3f} "
+            f"{r['first']:15.3f} {r['last']:9.3f} {r['lag']:9.2f}"
+        )
     if "baseline" in results:
-        print(f"speed of this / baseline (steps 2..N): {results['baseline']['steps_s'] / results['this']['steps_s']:.2f}x")
+        print(
+            f"speed of this / baseline (steps 2..N): {results['baseline']['steps_s'] / results['this']['steps_s']:.2f}x"
+        )
     names = list(results)
     print(f"{'stage (p50 / p90 ms)':52s} " + " ".join(f"{n:>17s}" for n in names))
     for stage in results["this"]["stages"]:

@@ -10,4 +10,9 @@ from __future__ import annotations
 from bench.variants import cli
 
 if __name__ == "__main__":
-    cli(recipe="guess_number", key="trainer.loss.policy_loss", values="ppo,m2po,gspo,cispo", name="loss_compare")
+    cli(
+        recipe="guess_number",
+        key="trainer.loss.policy_loss",
+        values="ppo,m2po,gspo,cispo",
+        name="loss_compare",
+    )

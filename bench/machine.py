@@ -16,8 +16,10 @@ def describe() -> str:
         pass
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()
-    return (f"{cpu}, {os.cpu_count()} cores, {mem_gib:.0f} GiB, {platform.system()} {platform.release()}, "
-            f"Python {platform.python_version()}, {java[0] if java else 'no java'}")
+    return (
+        f"{cpu}, {os.cpu_count()} cores, {mem_gib:.0f} GiB, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}, {java[0] if java else 'no java'}"
+    )
 
 
 if __name__ == "__main__":

@@ -34,7 +34,9 @@ def kind_of(cmd: str) -> str:
         return "broker"
     for kind in KINDS:
         if f"astraflow.cli {kind} " in cmd:
-            return kind + (f" {cmd.split('--id ')[1].split()[0]}" if kind == "worker" and "--id " in cmd else "")
+            return kind + (
+                f" {cmd.split('--id ')[1].split()[0]}" if kind == "worker" and "--id " in cmd else ""
+            )
     return "other"
 
 
@@ -107,17 +109,24 @@ def main() -> int:
             break  # what the run does at its end (the report and its plots) is not the steady state
         rss = sample(run_dir)
         if rss:
-            samples.append({"t": time.monotonic() - t0, "rss": rss, "steps": trainer_steps(run_dir, "solver")})
-            print(f"[soak] {samples[-1]['t']:6.0f} s  steps {samples[-1]['steps']:6d}  "
-                  + "  ".join(f"{k} {v:.0f}" for k, v in sorted(rss.items())), flush=True)
+            samples.append(
+                {"t": time.monotonic() - t0, "rss": rss, "steps": trainer_steps(run_dir, "solver")}
+            )
+            print(
+                f"[soak] {samples[-1]['t']:6.0f} s  steps {samples[-1]['steps']:6d}  "
+                + "  ".join(f"{k} {v:.0f}" for k, v in sorted(rss.items())),
+                flush=True,
+            )
         time.sleep(args.every)
     out = finish(proc, 600)
     if proc.returncode != 0 or len(samples) < 3:
         print(out[-3000:])
         return 1
     print(f"machine: {describe()}")
-    print(f"recipe: arithmetic, {args.minutes:g} min, {samples[-1]['steps']} trainer steps, RSS sampled every "
-          f"{args.every:g} s (warm after {args.warmup:g} min)")
+    print(
+        f"recipe: arithmetic, {args.minutes:g} min, {samples[-1]['steps']} trainer steps, RSS sampled every "
+        f"{args.every:g} s (warm after {args.warmup:g} min)"
+    )
     print("\n".join(table(samples, args.warmup * 60)))
     if args.out:
         args.out.write_text(json.dumps({"minutes": args.minutes, "samples": samples}, indent=1))

@@ -42,8 +42,13 @@ from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent
 GROUP = 8
-PIPELINE = [{"name": "validate"}, {"name": "group"}, {"name": "zero_variance"}, {"name": "grpo"},
-            {"name": "route"}]
+PIPELINE = [
+    {"name": "validate"},
+    {"name": "group"},
+    {"name": "zero_variance"},
+    {"name": "grpo"},
+    {"name": "route"},
+]
 
 
 def make_records(n_groups: int, prefix: str = "bench", seed: int = 0) -> list[tuple[bytes, bytes]]:
@@ -56,13 +61,22 @@ def make_records(n_groups: int, prefix: str = "bench", seed: int = 0) -> list[tu
         task = f"{prefix}{g}"
         group = []
         for i in range(GROUP):
-            group.append(Trajectory(
-                traj_id=traj_id(task, 0, i), group_id=group_id(task, 0), task_id=task, env="bench",
-                policies=["policy"], tokens=rng.integers(0, 100, 1024).astype(np.int32), owner=owner,
-                logprobs=np.where(owner >= 0, -rng.random(1024), 0).astype(np.float32),
-                versions=np.where(owner >= 0, 0, -1).astype(np.int32), rewards={"policy": float(i % 2)},
-                group_size=GROUP, sample_index=i,
-            ))
+            group.append(
+                Trajectory(
+                    traj_id=traj_id(task, 0, i),
+                    group_id=group_id(task, 0),
+                    task_id=task,
+                    env="bench",
+                    policies=["policy"],
+                    tokens=rng.integers(0, 100, 1024).astype(np.int32),
+                    owner=owner,
+                    logprobs=np.where(owner >= 0, -rng.random(1024), 0).astype(np.float32),
+                    versions=np.where(owner >= 0, 0, -1).astype(np.int32),
+                    rewards={"policy": float(i % 2)},
+                    group_size=GROUP,
+                    sample_index=i,
+                )
+            )
         out += [(b.group_id.encode(), encode(b)) for b in batches(group, 1 << 20)]
     return out
 
@@ -81,13 +95,20 @@ class Reader(threading.Thread):
     """Reads a topic from its current end, recording (key, arrival time, create time, size) of the
     records whose key is in `keys`, until they carried `expect` trajectories or Samples (`units`)."""
 
-    def __init__(self, settings: KafkaSettings, topic: str, expect: int, keys: set[bytes],
-                 units: Callable[[bytes], int]) -> None:
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        topic: str,
+        expect: int,
+        keys: set[bytes],
+        units: Callable[[bytes], int],
+    ) -> None:
         super().__init__(daemon=True)
         from confluent_kafka import TopicPartition
 
-        self.reader = TopicReader(settings, group=f"bench-{uuid.uuid4().hex[:6]}",
-                                  **{"enable.auto.commit": False})
+        self.reader = TopicReader(
+            settings, group=f"bench-{uuid.uuid4().hex[:6]}", **{"enable.auto.commit": False}
+        )
         full = settings.topic(topic)
         ends = self.reader.end_offsets(full)
         # only what is produced from now on
@@ -102,14 +123,17 @@ class Reader(threading.Thread):
                 if msg is None or msg.key() not in self.keys:
                     continue
                 self.count += self.units(msg.value() or b"")
-                self.seen.append((msg.key(), time.time(), msg.timestamp()[1] / 1000.0, len(msg.value() or b"")))
+                self.seen.append(
+                    (msg.key(), time.time(), msg.timestamp()[1] / 1000.0, len(msg.value() or b""))
+                )
         finally:
             self.reader.close()
             self.done.set()
 
 
-def produce(settings: KafkaSettings, topic: str, records: list[tuple[bytes, bytes]],
-            rate: float | None = None) -> dict[bytes, float]:
+def produce(
+    settings: KafkaSettings, topic: str, records: list[tuple[bytes, bytes]], rate: float | None = None
+) -> dict[bytes, float]:
     """Produce the records (paced at `rate` trajectories per second if given); returns key -> time
     the last record with that key was handed to the producer."""
     from confluent_kafka import Producer
@@ -165,17 +189,35 @@ def run_pipeline(settings: KafkaSettings, records: list, rate: float | None) -> 
 
 
 def start_worker(settings: KafkaSettings, tmp: Path) -> subprocess.Popen:
-    recipe = {"name": "bench-streams", "policies": [{"name": "policy"}],
-              "kafka": {"bootstrap": settings.bootstrap, "namespace": settings.namespace},
-              "streams": {"pipeline": PIPELINE}}
+    recipe = {
+        "name": "bench-streams",
+        "policies": [{"name": "policy"}],
+        "kafka": {"bootstrap": settings.bootstrap, "namespace": settings.namespace},
+        "streams": {"pipeline": PIPELINE},
+    }
     path = tmp / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     log = tmp / "worker.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    proc = subprocess.Popen([sys.executable, "-m", "astraflow.cli", "streams", "-r", str(path), "--data-dir",
-                             str(tmp / "faust"), "-l", "info"], stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            env=env, cwd=tmp)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "astraflow.cli",
+            "streams",
+            "-r",
+            str(path),
+            "--data-dir",
+            str(tmp / "faust"),
+            "-l",
+            "info",
+        ],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=tmp,
+    )
     deadline = time.time() + 120
     while "[^Worker]: Ready" not in log.read_text(errors="replace"):
         if proc.poll() is not None or time.time() > deadline:
@@ -205,9 +247,14 @@ def main() -> None:
     settings = KafkaSettings(bootstrap=args.bootstrap, namespace=f"bench{uuid.uuid4().hex[:8]}")
     specs = topic_spec.expand(topic_spec.load_spec(), ["policy"], settings)
     traj_spec = topic_spec.find(specs, "trajectories")
-    raw_spec = topic_spec.TopicSpec(name=settings.topic("bench-raw"), base="bench-raw", record="TrajectoryBatch",
-                                    partitions=traj_spec.partitions, replication=traj_spec.replication,
-                                    configs=traj_spec.configs)
+    raw_spec = topic_spec.TopicSpec(
+        name=settings.topic("bench-raw"),
+        base="bench-raw",
+        record="TrajectoryBatch",
+        partitions=traj_spec.partitions,
+        replication=traj_spec.replication,
+        configs=traj_spec.configs,
+    )
     topic_spec.apply(make_admin(settings), [*specs, raw_spec])
 
     records = make_records(args.groups)
@@ -232,16 +279,24 @@ def main() -> None:
             broker.stop(own_broker)
     n = len(records) * GROUP
     print(f"machine: {describe()}")
-    print(f"{n} trajectories of 1,024 tokens ({mb / n * 1e3:.1f} kB each, {mb:.1f} MB), groups of {GROUP}, "
-          f"a group a record")
+    print(
+        f"{n} trajectories of 1,024 tokens ({mb / n * 1e3:.1f} kB each, {mb:.1f} MB), groups of {GROUP}, "
+        f"a group a record"
+    )
     print("| | trajectories/s | MB/s | ratio | latency p50 ms | latency p99 ms |")
     print("|---|---:|---:|---:|---:|---:|")
-    print(f"| raw confluent-kafka produce -> consume | {n / raw_t:,.0f} | {mb / raw_t:,.1f} | 1.00 | "
-          f"{pct(raw_lat, 50):.1f} | {pct(raw_lat, 99):.1f} |")
-    print(f"| streams validate -> group -> zero_variance -> grpo -> route | {n / pipe_t:,.0f} | {mb / pipe_t:,.1f} | "
-          f"{raw_t / pipe_t:.3f} | {pct(pipe_lat, 50):.1f} | {pct(pipe_lat, 99):.1f} |")
-    print(f"latency runs: {args.rate:.0f} trajectories/s for {args.seconds:.0f} s; pipeline latency is per "
-          f"group (its last trajectory produced -> its last Sample consumed)")
+    print(
+        f"| raw confluent-kafka produce -> consume | {n / raw_t:,.0f} | {mb / raw_t:,.1f} | 1.00 | "
+        f"{pct(raw_lat, 50):.1f} | {pct(raw_lat, 99):.1f} |"
+    )
+    print(
+        f"| streams validate -> group -> zero_variance -> grpo -> route | {n / pipe_t:,.0f} | {mb / pipe_t:,.1f} | "
+        f"{raw_t / pipe_t:.3f} | {pct(pipe_lat, 50):.1f} | {pct(pipe_lat, 99):.1f} |"
+    )
+    print(
+        f"latency runs: {args.rate:.0f} trajectories/s for {args.seconds:.0f} s; pipeline latency is per "
+        f"group (its last trajectory produced -> its last Sample consumed)"
+    )
 
 
 if __name__ == "__main__":

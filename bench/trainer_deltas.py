@@ -46,11 +46,24 @@ def synthetic_batch(step: int, groups: int, size: int = 8, seed: int = 0) -> lis
             n = 6 + int(rng.integers(20, 41))
             tokens = np.concatenate([[1], rng.integers(4, VOCAB, n - 1)]).astype(np.int32)
             mask = (np.arange(n) >= 6).astype(np.uint8)
-            out.append(Sample(
-                policy="p", traj_id=traj_id(task, 0, i), group_id=group_id(task, 0), task_id=task, env="bench",
-                tokens=tokens, loss_mask=mask, logprobs=np.where(mask, -np.log(VOCAB) + rng.normal(0, 0.05, n), 0)
-                .clip(max=0).astype(np.float32), versions=np.where(mask, step, -1).astype(np.int32),
-                advantages=(mask * adv[i]).astype(np.float32), group_size=size, group_samples=size))
+            out.append(
+                Sample(
+                    policy="p",
+                    traj_id=traj_id(task, 0, i),
+                    group_id=group_id(task, 0),
+                    task_id=task,
+                    env="bench",
+                    tokens=tokens,
+                    loss_mask=mask,
+                    logprobs=np.where(mask, -np.log(VOCAB) + rng.normal(0, 0.05, n), 0)
+                    .clip(max=0)
+                    .astype(np.float32),
+                    versions=np.where(mask, step, -1).astype(np.int32),
+                    advantages=(mask * adv[i]).astype(np.float32),
+                    group_size=size,
+                    group_samples=size,
+                )
+            )
     return out
 
 
@@ -80,10 +93,19 @@ def run_lr(lr: float, steps: int, groups: int) -> dict[str, float]:
     changed = [e.changed_fraction for e in events[1:]]
     zst = [e.delta_bytes / snap for e in events[1:]]
     raw = [r / snap for r in raw_sizes]
-    return {"lr": lr, "params": sum(t.numel() for t in unique.values()), "snapshot": snap,
-            "changed": statistics.mean(changed), "changed_min": min(changed), "changed_max": max(changed),
-            "raw": statistics.mean(raw), "zst": statistics.mean(zst), "chain": min(10, steps),
-            "bit_identical": bit_identical, "apply_ms": apply_s * 1000}
+    return {
+        "lr": lr,
+        "params": sum(t.numel() for t in unique.values()),
+        "snapshot": snap,
+        "changed": statistics.mean(changed),
+        "changed_min": min(changed),
+        "changed_max": max(changed),
+        "raw": statistics.mean(raw),
+        "zst": statistics.mean(zst),
+        "chain": min(10, steps),
+        "bit_identical": bit_identical,
+        "apply_ms": apply_s * 1000,
+    }
 
 
 def main() -> None:
@@ -95,15 +117,21 @@ def main() -> None:
     results = [run_lr(lr, args.steps, args.groups) for lr in (1e-6, 1e-5, 1e-4)]
     r0 = results[0]
     print(f"Machine: {describe()}")
-    print(f"Tiny Qwen2 (hidden 128, 4 layers), {r0['params']:,} unique bf16 elements, snapshot {r0['snapshot']:,} B; "
-          f"{args.steps} steps of {args.groups} groups x 8 samples per learning rate.\n")
-    print("| lr | elements unchanged per step (min-max) | delta / snapshot, raw | delta / snapshot, zstd-3 "
-          "| compression (zstd) | 10-delta chain bit-identical |")
+    print(
+        f"Tiny Qwen2 (hidden 128, 4 layers), {r0['params']:,} unique bf16 elements, snapshot {r0['snapshot']:,} B; "
+        f"{args.steps} steps of {args.groups} groups x 8 samples per learning rate.\n"
+    )
+    print(
+        "| lr | elements unchanged per step (min-max) | delta / snapshot, raw | delta / snapshot, zstd-3 "
+        "| compression (zstd) | 10-delta chain bit-identical |"
+    )
     print("|---|---:|---:|---:|---:|---|")
     for r in results:
-        print(f"| {r['lr']:.0e} | {1 - r['changed']:.4f} ({1 - r['changed_max']:.4f}-{1 - r['changed_min']:.4f}) "
-              f"| {r['raw']:.4f} | {r['zst']:.4f} | {1 / r['zst']:.1f}x | "
-              f"{'yes' if r['bit_identical'] else 'NO'} ({r['chain']} deltas, {r['apply_ms']:.0f} ms) |")
+        print(
+            f"| {r['lr']:.0e} | {1 - r['changed']:.4f} ({1 - r['changed_max']:.4f}-{1 - r['changed_min']:.4f}) "
+            f"| {r['raw']:.4f} | {r['zst']:.4f} | {1 / r['zst']:.1f}x | "
+            f"{'yes' if r['bit_identical'] else 'NO'} ({r['chain']} deltas, {r['apply_ms']:.0f} ms) |"
+        )
     if not all(r["bit_identical"] for r in results):
         raise SystemExit("a rebuilt model differs from the published weights")
 

@@ -35,8 +35,9 @@ from trainer.losses import policy_loss, token_logprobs
 from trainer.service import Trainer
 
 
-def trainer_run(settings: KafkaSettings, steps: int, groups: int, publish_every: int,
-                checkpoint_every: int | None = None) -> tuple[float, list[list[str]]]:
+def trainer_run(
+    settings: KafkaSettings, steps: int, groups: int, publish_every: int, checkpoint_every: int | None = None
+) -> tuple[float, list[list[str]]]:
     ns = settings.model_copy(update={"namespace": f"bench{uuid.uuid4().hex[:8]}"})
     topic_spec.apply(make_admin(ns), topic_spec.expand(topic_spec.load_spec(), ["p"], ns))
     samples: dict[str, list] = {}  # type: ignore[type-arg]
@@ -46,10 +47,22 @@ def trainer_run(settings: KafkaSettings, steps: int, groups: int, publish_every:
             samples.setdefault(s.group_id, []).append(s)
             pub.send("samples.p", s, key=s.group_id)
     pub.flush()
-    recipe = Recipe.model_validate({
-        "name": "bench", "policies": [{"name": "p"}], "max_staleness": 10_000, "kafka": ns.model_dump(),
-        "trainer": {"lr": 1e-5, "batch_groups": groups, "publish_every": publish_every,
-                    "checkpoint_every": checkpoint_every, "micro_batch_tokens": 1 << 16, "snapshot_every": 10}})
+    recipe = Recipe.model_validate(
+        {
+            "name": "bench",
+            "policies": [{"name": "p"}],
+            "max_staleness": 10_000,
+            "kafka": ns.model_dump(),
+            "trainer": {
+                "lr": 1e-5,
+                "batch_groups": groups,
+                "publish_every": publish_every,
+                "checkpoint_every": checkpoint_every,
+                "micro_batch_tokens": 1 << 16,
+                "snapshot_every": 10,
+            },
+        }
+    )
     with tempfile.TemporaryDirectory() as run_dir:
         Trainer(recipe, "p", run_dir=run_dir, settings=ns, max_steps=steps).run()
         ledger = [json.loads(x) for x in (Path(run_dir) / "trainer/p/trained.jsonl").read_text().splitlines()]
@@ -99,8 +112,10 @@ def main() -> None:
     args = ap.parse_args()
     settings = resolve(KafkaSettings())
     print(f"Machine: {describe()}")
-    print(f"Tiny Qwen2 (hidden 128, 4 layers), {args.steps} steps of {args.groups} groups x 8 samples "
-          f"(~{args.groups * 8 * 32} tokens/step), broker {settings.bootstrap}.\n")
+    print(
+        f"Tiny Qwen2 (hidden 128, 4 layers), {args.steps} steps of {args.groups} groups x 8 samples "
+        f"(~{args.groups * 8 * 32} tokens/step), broker {settings.bootstrap}.\n"
+    )
     print("| trainer setting | trainer tokens/s | bare loop tokens/s | ratio |")
     print("|---|---:|---:|---:|")
     # (publish_every, checkpoint_every): None checkpoints at every publication; the recipes publish
@@ -109,8 +124,11 @@ def main() -> None:
         rate, batches = trainer_run(settings, args.steps, args.groups, publish_every, checkpoint_every)
         bare = bare_loop(batches)
         every = "every step" if publish_every == 1 else f"every {publish_every} steps"
-        what = (f"publish + checkpoint {every}" if checkpoint_every is None
-                else f"publish {every}, checkpoint every {checkpoint_every} (the recipes)")
+        what = (
+            f"publish + checkpoint {every}"
+            if checkpoint_every is None
+            else f"publish {every}, checkpoint every {checkpoint_every} (the recipes)"
+        )
         print(f"| {what} | {rate:,.0f} | {bare:,.0f} | {rate / bare:.2f} |", flush=True)
 
 

@@ -49,56 +49,88 @@ REPO = Path(__file__).resolve().parent.parent
 
 def tenths(values: list[float]) -> list[float]:
     n = len(values)
-    return [float(np.mean(values[i * n // 10:(i + 1) * n // 10])) for i in range(10)]
+    return [float(np.mean(values[i * n // 10 : (i + 1) * n // 10])) for i in range(10)]
 
 
-async def play(data: dict[str, Any], steps: int, lag: int, work: Path,
-               per_policy: dict[str, dict[str, Any]]) -> dict[str, Any]:
+async def play(
+    data: dict[str, Any], steps: int, lag: int, work: Path, per_policy: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
     recipe = Recipe.model_validate(data)
     policies = recipe.policy_names
     init = {p: init_checkpoint(recipe.model_for(p), work / p) for p in policies}
     codec = Codec(load_tokenizer(init[policies[0]]))
     runtime = Runtime(recipe, codec)
-    engines = {p: TorchEngine(p, str(init[p]), max_batch=recipe.worker.max_episodes * len(policies),
-                              seed=recipe.seed * 1_000_003 + sampler_seed("sync", p)) for p in policies}
+    engines = {
+        p: TorchEngine(
+            p,
+            str(init[p]),
+            max_batch=recipe.worker.max_episodes * len(policies),
+            seed=recipe.seed * 1_000_003 + sampler_seed("sync", p),
+        )
+        for p in policies
+    }
     trainers = {}
     for p in policies:
         cfg = recipe.trainer.model_dump()
         for key, value in per_policy.get(p, {}).items():
             cfg = set_key(cfg, key, value)
-        trainers[p] = Engine(load_model(init[p]), type(recipe.trainer).model_validate(cfg), torch.device("cpu"),
-                             pad_id=codec.pad, sampling=SamplingSettings.of(recipe.worker))
+        trainers[p] = Engine(
+            load_model(init[p]),
+            type(recipe.trainer).model_validate(cfg),
+            torch.device("cpu"),
+            pad_id=codec.pad,
+            sampling=SamplingSettings.of(recipe.worker),
+        )
     published: dict[str, deque[dict[str, torch.Tensor]]] = {p: deque() for p in policies}
     tasks = generated_tasks(recipe)
     success: list[float] = []
     entropy: dict[str, list[float]] = {p: [] for p in policies}
     for step in range(1, steps + 1):
         batch = [next(tasks) for _ in range(recipe.trainer.batch_groups)]
-        results = await asyncio.gather(*(run_episode(runtime, t, k, engines, "sync", "local")
-                                         for t in batch for k in range(t.group_size)))
+        results = await asyncio.gather(
+            *(
+                run_episode(runtime, t, k, engines, "sync", "local")
+                for t in batch
+                for k in range(t.group_size)
+            )
+        )
         groups: dict[str, list[Any]] = {}
         for trajs, _ in results:
             for t in trajs:
                 groups.setdefault(t.group_id, []).append(t)
         for i, p in enumerate(policies):
-            samples = [s for g in groups.values()
-                       for s in samples_of([t for t in g if p in t.rewards and t.policy_mask(p).any()], p)]
+            samples = [
+                s
+                for g in groups.values()
+                for s in samples_of([t for t in g if p in t.rewards and t.policy_mask(p).any()], p)
+            ]
             if i == 0:
                 success.append(float(np.mean([s.reward for s in samples])))
-            out = trainers[p].step(collate(samples, codec.pad), step, float(sum(s.loss_mask.sum() for s in samples)),
-                                   float(len(samples)))
+            out = trainers[p].step(
+                collate(samples, codec.pad),
+                step,
+                float(sum(s.loss_mask.sum() for s in samples)),
+                float(len(samples)),
+            )
             entropy[p].append(out["entropy"])
             trainers[p].serving_published = True
-            published[p].append({k: v.detach().to(torch.bfloat16) for k, v in trainers[p].model.state_dict().items()})
+            published[p].append(
+                {k: v.detach().to(torch.bfloat16) for k, v in trainers[p].model.state_dict().items()}
+            )
             if len(published[p]) > lag:
                 await engines[p].update_weights(published[p].popleft(), step - lag)
     for e in engines.values():
         await e.close()
     await runtime.close()
-    out = {"tenths": tenths(success), "judged": learning([{"reward.mean": x} for x in success]),
-           "entropy": {p: [round(tenths(v)[i], 2) for i in (0, 4, 9)] for p, v in entropy.items()}}
+    out = {
+        "tenths": tenths(success),
+        "judged": learning([{"reward.mean": x} for x in success]),
+        "entropy": {p: [round(tenths(v)[i], 2) for i in (0, 4, 9)] for p, v in entropy.items()},
+    }
     if recipe.worker.workflow == "solve_and_verify" and "verifier" in trainers:
-        out["verifier_balanced"] = verifier_accuracy(trainers["verifier"].model, codec, recipe.feeder.env_args)
+        out["verifier_balanced"] = verifier_accuracy(
+            trainers["verifier"].model, codec, recipe.feeder.env_args
+        )
     return out
 
 
@@ -139,8 +171,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--lag", type=int, default=1, help="steps the engines' weights trail the trainers'")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=YAML", help="recipe override")
-    parser.add_argument("--policy-set", action="append", default=[], metavar="POLICY:KEY=YAML",
-                        help="one policy's trainer override, e.g. listener:lr=1e-4")
+    parser.add_argument(
+        "--policy-set",
+        action="append",
+        default=[],
+        metavar="POLICY:KEY=YAML",
+        help="one policy's trainer override, e.g. listener:lr=1e-4",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     base = yaml.safe_load(args.recipe.read_text())
@@ -163,11 +200,13 @@ def main() -> None:
         best, end = r["judged"]["best_tenth"], r["judged"]["last_tenth"]  # as the run summary has them
         ok = best >= 0.9 and end >= 0.7
         learned += ok
-        print(f"seed {seed}: {'learned' if ok else 'NOT learned'}, best tenth {best:.3f}, last {end:.3f} "
-              f"({time.time() - start:.0f} s); tenths {[round(x, 3) for x in r['tenths']]}; "
-              f"entropy first/middle/last tenth {r['entropy']}"
-              + (f"; verifier on a balanced set {r['verifier_balanced']}" if "verifier_balanced" in r else ""),
-              flush=True)
+        print(
+            f"seed {seed}: {'learned' if ok else 'NOT learned'}, best tenth {best:.3f}, last {end:.3f} "
+            f"({time.time() - start:.0f} s); tenths {[round(x, 3) for x in r['tenths']]}; "
+            f"entropy first/middle/last tenth {r['entropy']}"
+            + (f"; verifier on a balanced set {r['verifier_balanced']}" if "verifier_balanced" in r else ""),
+            flush=True,
+        )
     print(f"learned in {learned} of {last - first + 1} seeds")
 
 

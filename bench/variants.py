@@ -42,12 +42,20 @@ def run_stats(run_dir: Path, summary: dict[str, Any], policy: str) -> dict[str, 
     reward = summary.get("policies", {}).get(policy, {}).get("reward", {})
     stale, consumed = last.get("samples.stale", 0.0), last.get("samples.in", 0.0)
     numeric = sorted((k for k in lags if k.isdigit()), key=int)
-    return {"steps": len(series), "first_tenth": reward.get("first_tenth"), "last_tenth": reward.get("last_tenth"),
-            "best_tenth": reward.get("best_tenth"), "stale": stale, "stale_share": stale / consumed if consumed else 0.0,
-            "lag_share": {k: lags[k] / trained for k in [*numeric, *sorted(set(lags) - set(numeric))]} if trained else {},
-            "lag_mean": sum(int(k) * n for k, n in lags.items() if k.isdigit()) / trained if trained else 0.0,
-            "mismatch_abs": sum(mismatch) / len(mismatch) if mismatch else None,
-            "wall_minutes": summary.get("wall_minutes")}
+    return {
+        "steps": len(series),
+        "first_tenth": reward.get("first_tenth"),
+        "last_tenth": reward.get("last_tenth"),
+        "best_tenth": reward.get("best_tenth"),
+        "stale": stale,
+        "stale_share": stale / consumed if consumed else 0.0,
+        "lag_share": {k: lags[k] / trained for k in [*numeric, *sorted(set(lags) - set(numeric))]}
+        if trained
+        else {},
+        "lag_mean": sum(int(k) * n for k, n in lags.items() if k.isdigit()) / trained if trained else 0.0,
+        "mismatch_abs": sum(mismatch) / len(mismatch) if mismatch else None,
+        "wall_minutes": summary.get("wall_minutes"),
+    }
 
 
 def mean(values: list[Any]) -> float | None:
@@ -57,34 +65,55 @@ def mean(values: list[Any]) -> float | None:
 
 def table(key: str, rows: list[dict[str, Any]]) -> str:
     """Markdown: one line per (value, seed), then the mean of each value over its seeds."""
+
     def f(v: Any, digits: int = 3) -> str:
         return "-" if v is None else f"{v:.{digits}f}"
 
     def lag(r: dict[str, Any]) -> str:
         return " / ".join(f"{v:.2f}" for v in r["lag_share"].values()) or "-"
 
-    head = (f"| {key} | seed | steps | reward first tenth | last tenth | best tenth | stale dropped (share) "
-            "| lag 0 / 1 / 2 ... share | mean lag | mismatch.abs | wall min |")
+    head = (
+        f"| {key} | seed | steps | reward first tenth | last tenth | best tenth | stale dropped (share) "
+        "| lag 0 / 1 / 2 ... share | mean lag | mismatch.abs | wall min |"
+    )
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['value']} | {r['seed']} | {r['steps']} | {f(r['first_tenth'])} | {f(r['last_tenth'])} | "
-                     f"{f(r['best_tenth'])} | {r['stale']:.0f} ({r['stale_share']:.1%}) | {lag(r)} | "
-                     f"{f(r['lag_mean'], 2)} | {f(r['mismatch_abs'], 4)} | {f(r['wall_minutes'], 1)} |")
+        lines.append(
+            f"| {r['value']} | {r['seed']} | {r['steps']} | {f(r['first_tenth'])} | {f(r['last_tenth'])} | "
+            f"{f(r['best_tenth'])} | {r['stale']:.0f} ({r['stale_share']:.1%}) | {lag(r)} | "
+            f"{f(r['lag_mean'], 2)} | {f(r['mismatch_abs'], 4)} | {f(r['wall_minutes'], 1)} |"
+        )
     values = list(dict.fromkeys(r["value"] for r in rows))
-    lines += ["", f"| {key} | seeds | reward first tenth | last tenth | best tenth | stale share | mean lag | mismatch.abs |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        f"| {key} | seeds | reward first tenth | last tenth | best tenth | stale share | mean lag | mismatch.abs |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for v in values:
         mine = [r for r in rows if r["value"] == v]
-        m = {k: mean([r[k] for r in mine]) for k in ("first_tenth", "last_tenth", "best_tenth", "stale_share",
-                                                    "lag_mean", "mismatch_abs")}
+        m = {
+            k: mean([r[k] for r in mine])
+            for k in ("first_tenth", "last_tenth", "best_tenth", "stale_share", "lag_mean", "mismatch_abs")
+        }
         share = "-" if m["stale_share"] is None else f"{m['stale_share']:.1%}"
-        lines.append(f"| {v} | {len(mine)} | {f(m['first_tenth'])} | {f(m['last_tenth'])} | {f(m['best_tenth'])} | "
-                     f"{share} | {f(m['lag_mean'], 2)} | {f(m['mismatch_abs'], 4)} |")
+        lines.append(
+            f"| {v} | {len(mine)} | {f(m['first_tenth'])} | {f(m['last_tenth'])} | {f(m['best_tenth'])} | "
+            f"{share} | {f(m['lag_mean'], 2)} | {f(m['mismatch_abs'], 4)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
-def compare(recipe: str, key: str, values: list[str], seeds: list[int], steps: int | None, out: Path,
-            bootstrap: str | None, policy: str | None = None, extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def compare(
+    recipe: str,
+    key: str,
+    values: list[str],
+    seeds: list[int],
+    steps: int | None,
+    out: Path,
+    bootstrap: str | None,
+    policy: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
     """Every seed over every value (seed-major, so a sweep cut short still compares like with like)."""
     base = yaml.safe_load((RECIPES / f"{recipe}.yaml").read_text())
     for k, v in (extra or {}).items():
@@ -104,8 +133,13 @@ def parse_value(text: str) -> Any:
     return yaml.safe_load(text)
 
 
-def cli(argv: list[str] | None = None, recipe: str | None = None, key: str | None = None,
-        values: str | None = None, name: str = "variants") -> None:
+def cli(
+    argv: list[str] | None = None,
+    recipe: str | None = None,
+    key: str | None = None,
+    values: str | None = None,
+    name: str = "variants",
+) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("recipe", nargs="?" if recipe else None, default=recipe)
     ap.add_argument("--key", default=key, required=key is None, help="Dotted recipe key to vary.")
@@ -114,20 +148,37 @@ def cli(argv: list[str] | None = None, recipe: str | None = None, key: str | Non
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--policy", default=None)
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Also set this in every run.")
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="Also set this in every run."
+    )
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--bootstrap", default=None)
     args = ap.parse_args(argv)
     out = args.out or REPO / "runs" / name / args.recipe
     extra = dict(item.split("=", 1) for item in args.set)
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-    rows = compare(args.recipe, args.key, [parse_value(v) for v in args.values.split(",")], seeds, args.steps, out,
-                   args.bootstrap, args.policy, {k: parse_value(v) for k, v in extra.items()})
+    rows = compare(
+        args.recipe,
+        args.key,
+        [parse_value(v) for v in args.values.split(",")],
+        seeds,
+        args.steps,
+        out,
+        args.bootstrap,
+        args.policy,
+        {k: parse_value(v) for k, v in extra.items()},
+    )
     machine = describe()
-    text = f"machine: {machine}\n{args.recipe}, {args.steps or 'recipe'} steps, seeds {seeds}\n\n" + table(args.key, rows)
+    text = f"machine: {machine}\n{args.recipe}, {args.steps or 'recipe'} steps, seeds {seeds}\n\n" + table(
+        args.key, rows
+    )
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps({"machine": machine, "recipe": args.recipe, "key": args.key,
-                                                  "steps": args.steps, "rows": rows}, indent=2))
+    (out / f"{name}.json").write_text(
+        json.dumps(
+            {"machine": machine, "recipe": args.recipe, "key": args.key, "steps": args.steps, "rows": rows},
+            indent=2,
+        )
+    )
     (out / f"{name}.md").write_text(text)
     print(text)
 

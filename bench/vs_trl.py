@@ -49,6 +49,7 @@ DEFAULT_TRL_PYTHON = Path("/root/.cache/astraflow/venv-trl/bin/python")
 
 # ---------------------------------------------------------------- the task, shared by both halves
 
+
 def task_pool() -> list[tuple[str, str]]:
     """(prompt, answer) of every problem, from the environment's own generator (one epoch)."""
     from workers.envs.arithmetic import ArithmeticEnv
@@ -75,8 +76,10 @@ def score(completion_ids: list[list[int]], answers: list[str], codec: Any) -> li
     from workers.envs.arithmetic import ArithmeticEnv
 
     env = ArithmeticEnv(**ENV_ARGS)
-    return [1.0 if env.correct({"answer": a}, list(ids), codec) else 0.0
-            for ids, a in zip(completion_ids, answers, strict=True)]
+    return [
+        1.0 if env.correct({"answer": a}, list(ids), codec) else 0.0
+        for ids, a in zip(completion_ids, answers, strict=True)
+    ]
 
 
 def tenths(rewards: list[float]) -> tuple[float, float]:
@@ -89,18 +92,35 @@ def tenths(rewards: list[float]) -> tuple[float, float]:
 
 # ---------------------------------------------------------------- astraflow half
 
+
 def bench_recipe(base: dict[str, Any], init: Path, steps: int, lr: float = LR) -> dict[str, Any]:
     """The arithmetic recipe with the bench's task, budget and settings, starting from `init`."""
     data = copy.deepcopy(base)
     data["model"] = {"path": str(init)}
     data.setdefault("feeder", {}).update({"env_args": dict(ENV_ARGS), "group_size": GROUP_SIZE})
     data.setdefault("worker", {}).update({"temperature": 1.0, "top_p": 1.0, "top_k": 0})
-    data.setdefault("trainer", {}).update({
-        "lr": lr, "batch_groups": GROUPS, "lr_decay": "none", "warmup_steps": 0, "weight_decay": 0.0,
-        "betas": [0.9, 0.999], "eps": 1e-8, "max_grad_norm": 1.0})
-    data["trainer"].setdefault("loss", {}).update({
-        "policy_loss": "ppo", "clip_low": CLIP_LOW, "clip_high": CLIP_HIGH, "aggregation": "token-mean",
-        "kl_coef": 0.0, "entropy_coef": 0.0})
+    data.setdefault("trainer", {}).update(
+        {
+            "lr": lr,
+            "batch_groups": GROUPS,
+            "lr_decay": "none",
+            "warmup_steps": 0,
+            "weight_decay": 0.0,
+            "betas": [0.9, 0.999],
+            "eps": 1e-8,
+            "max_grad_norm": 1.0,
+        }
+    )
+    data["trainer"].setdefault("loss", {}).update(
+        {
+            "policy_loss": "ppo",
+            "clip_low": CLIP_LOW,
+            "clip_high": CLIP_HIGH,
+            "aggregation": "token-mean",
+            "kl_coef": 0.0,
+            "entropy_coef": 0.0,
+        }
+    )
     data.setdefault("run", {})["max_steps"] = steps
     return data
 
@@ -112,8 +132,11 @@ def astraflow_metrics(run_dir: Path, steps: int) -> dict[str, Any]:
     ordered = [by_step[s] for s in sorted(by_step)][:steps]
     if not ordered:
         raise RuntimeError(f"no trainer steps in {run_dir / 'metrics.jsonl'}")
-    return {"steps": len(ordered), "steps_s": ordered[-1]["time"] - ordered[0]["time"],
-            "rewards": [float(r["values"].get("reward.mean", float("nan"))) for r in ordered]}
+    return {
+        "steps": len(ordered),
+        "steps_s": ordered[-1]["time"] - ordered[0]["time"],
+        "rewards": [float(r["values"].get("reward.mean", float("nan"))) for r in ordered],
+    }
 
 
 def final_checkpoint(run_dir: Path) -> Path:
@@ -131,28 +154,72 @@ def run_astraflow(init: Path, steps: int, lr: float, work: Path) -> dict[str, An
     log = work / "astraflow.log"
     start = time.perf_counter()
     with log.open("w") as out:
-        done = subprocess.run([sys.executable, "-m", "astraflow.cli", "run", str(recipe_file), "--run-dir",
-                               str(run_dir), "--max-steps", str(steps), "--no-dashboard"],
-                              cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "astraflow.cli",
+                "run",
+                str(recipe_file),
+                "--run-dir",
+                str(run_dir),
+                "--max-steps",
+                str(steps),
+                "--no-dashboard",
+            ],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     total = time.perf_counter() - start
     if done.returncode:
         raise RuntimeError(f"astraflow run exited {done.returncode}; see {log}")
-    return {"total_s": total, **astraflow_metrics(run_dir, steps), "checkpoint": str(final_checkpoint(run_dir))}
+    return {
+        "total_s": total,
+        **astraflow_metrics(run_dir, steps),
+        "checkpoint": str(final_checkpoint(run_dir)),
+    }
 
 
 # ---------------------------------------------------------------- TRL half (runs under --trl-python)
 
-def trl_config(steps: int, out_dir: str, max_completion_length: int, seed: int, lr: float = LR) -> dict[str, Any]:
+
+def trl_config(
+    steps: int, out_dir: str, max_completion_length: int, seed: int, lr: float = LR
+) -> dict[str, Any]:
     """GRPOConfig arguments matching the astraflow run (one 64-completion batch, one step)."""
     return {
-        "output_dir": out_dir, "max_steps": steps, "seed": seed, "use_cpu": True, "bf16": False, "fp16": False,
-        "learning_rate": lr, "lr_scheduler_type": "constant", "warmup_steps": 0, "weight_decay": 0.0,
-        "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8, "max_grad_norm": 1.0,
-        "per_device_train_batch_size": GROUPS * GROUP_SIZE, "gradient_accumulation_steps": 1,
-        "num_generations": GROUP_SIZE, "num_iterations": 1, "beta": 0.0,
-        "epsilon": CLIP_LOW, "epsilon_high": CLIP_HIGH, "loss_type": "dapo", "scale_rewards": "group",
-        "temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_completion_length": max_completion_length,
-        "logging_steps": 1, "save_strategy": "no", "report_to": "none", "disable_tqdm": True,
+        "output_dir": out_dir,
+        "max_steps": steps,
+        "seed": seed,
+        "use_cpu": True,
+        "bf16": False,
+        "fp16": False,
+        "learning_rate": lr,
+        "lr_scheduler_type": "constant",
+        "warmup_steps": 0,
+        "weight_decay": 0.0,
+        "adam_beta1": 0.9,
+        "adam_beta2": 0.999,
+        "adam_epsilon": 1e-8,
+        "max_grad_norm": 1.0,
+        "per_device_train_batch_size": GROUPS * GROUP_SIZE,
+        "gradient_accumulation_steps": 1,
+        "num_generations": GROUP_SIZE,
+        "num_iterations": 1,
+        "beta": 0.0,
+        "epsilon": CLIP_LOW,
+        "epsilon_high": CLIP_HIGH,
+        "loss_type": "dapo",
+        "scale_rewards": "group",
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "max_completion_length": max_completion_length,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": "none",
+        "disable_tqdm": True,
         "dataloader_num_workers": 0,
     }
 
@@ -189,32 +256,63 @@ def trl_child(cfg: dict[str, Any]) -> dict[str, Any]:
 
     torch.manual_seed(cfg["seed"])
     model = AutoModelForCausalLM.from_pretrained(init, dtype=torch.float32)
-    args = GRPOConfig(**trl_config(cfg["steps"], cfg["out"], max_completion_tokens(codec), cfg["seed"],
-                                    cfg.get("lr", LR)))
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[Clock()])
+    args = GRPOConfig(
+        **trl_config(cfg["steps"], cfg["out"], max_completion_tokens(codec), cfg["seed"], cfg.get("lr", LR))
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[Clock()],
+    )
     trainer.train()
     final = Path(cfg["out"]) / "final"
     trainer.save_model(str(final))
     tokenizer.save_pretrained(str(final))
     rewards = [float(h["reward"]) for h in trainer.state.log_history if "reward" in h]
-    return {"steps": len(times), "steps_s": times[-1] - times[0], "rewards": rewards, "checkpoint": str(final)}
+    return {
+        "steps": len(times),
+        "steps_s": times[-1] - times[0],
+        "rewards": rewards,
+        "checkpoint": str(final),
+    }
 
 
 def run_trl(python: Path, init: Path, steps: int, seed: int, lr: float, work: Path) -> dict[str, Any]:
     if subprocess.run([str(python), "-c", "import trl"], capture_output=True).returncode:
-        raise RuntimeError(f"{python} cannot import trl: install the `bench` extra into its own venv "
-                           "(bench/RESULTS.md, 'Against TRL') and pass its python as --trl-python")
+        raise RuntimeError(
+            f"{python} cannot import trl: install the `bench` extra into its own venv "
+            "(bench/RESULTS.md, 'Against TRL') and pass its python as --trl-python"
+        )
     cfg_file, result_file, log = work / "trl.json", work / "trl-result.json", work / "trl.log"
-    cfg_file.write_text(json.dumps({"init": str(init), "steps": steps, "seed": seed, "lr": lr,
-                                    "out": str(work / "trl")}))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-           "CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"}
+    cfg_file.write_text(
+        json.dumps({"init": str(init), "steps": steps, "seed": seed, "lr": lr, "out": str(work / "trl")})
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        "CUDA_VISIBLE_DEVICES": "",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     start = time.perf_counter()
     with log.open("w") as out:
-        done = subprocess.run([str(python), "-m", "bench.vs_trl", "--trl-child", str(cfg_file),
-                               "--trl-result", str(result_file)], cwd=REPO, env=env, stdout=out,
-                              stderr=subprocess.STDOUT)
+        done = subprocess.run(
+            [
+                str(python),
+                "-m",
+                "bench.vs_trl",
+                "--trl-child",
+                str(cfg_file),
+                "--trl-result",
+                str(result_file),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     total = time.perf_counter() - start
     if done.returncode:
         raise RuntimeError(f"the TRL run exited {done.returncode}; see {log}:\n{log.read_text()[-3000:]}")
@@ -222,6 +320,7 @@ def run_trl(python: Path, init: Path, steps: int, seed: int, lr: float, work: Pa
 
 
 # ---------------------------------------------------------------- evaluation and report
+
 
 def greedy_accuracy(path: str | Path) -> float:
     """Share of the 100 prompts answered exactly (then <eos>) by greedy decoding, with the
@@ -246,7 +345,7 @@ def greedy_accuracy(path: str | Path) -> float:
     correct = 0
     for row, (_, answer) in zip(ids.tolist(), pool, strict=True):
         state = {"answer": answer}
-        gen = row[len(prompts[0]):][: env.turn_params(state, codec)["max_tokens"]]
+        gen = row[len(prompts[0]) :][: env.turn_params(state, codec)["max_tokens"]]
         if codec.eos in gen:
             gen = gen[: gen.index(codec.eos) + 1]
         correct += env.correct(state, gen, codec)
@@ -257,37 +356,61 @@ def summary(r: dict[str, Any]) -> dict[str, float]:
     """The table's numbers for one run (completions = steps x 64)."""
     completions = r["steps"] * GROUPS * GROUP_SIZE
     first, last = tenths(r["rewards"])
-    steps_rate = (r["steps"] - 1) * GROUPS * GROUP_SIZE / r["steps_s"] if r["steps"] > 1 and r["steps_s"] > 0 else 0.0
-    return {"steps": r["steps"], "total_s": r["total_s"], "steps_s": r["steps_s"],
-            "cps_total": completions / r["total_s"], "cps_steps": steps_rate,
-            "reward_first": first, "reward_last": last, "greedy": r["greedy"]}
+    steps_rate = (
+        (r["steps"] - 1) * GROUPS * GROUP_SIZE / r["steps_s"] if r["steps"] > 1 and r["steps_s"] > 0 else 0.0
+    )
+    return {
+        "steps": r["steps"],
+        "total_s": r["total_s"],
+        "steps_s": r["steps_s"],
+        "cps_total": completions / r["total_s"],
+        "cps_steps": steps_rate,
+        "reward_first": first,
+        "reward_last": last,
+        "greedy": r["greedy"],
+    }
 
 
 def table(results: dict[str, dict[str, Any]], machine: str, lr: float = LR) -> str:
     rows = {name: summary(r) for name, r in results.items()}
-    lines = [f"machine: {machine}",
-             f"task: arithmetic {ENV_ARGS}, {GROUPS} groups x {GROUP_SIZE} a step, lr {lr}, CPU fp32",
-             f"{'system':10s} {'steps':>6s} {'total s':>8s} {'compl/s':>8s} {'steps2..N s':>12s} "
-             f"{'compl/s':>8s} {'reward 1st 10%':>15s} {'reward last 10%':>16s} {'greedy acc':>11s}"]
+    lines = [
+        f"machine: {machine}",
+        f"task: arithmetic {ENV_ARGS}, {GROUPS} groups x {GROUP_SIZE} a step, lr {lr}, CPU fp32",
+        f"{'system':10s} {'steps':>6s} {'total s':>8s} {'compl/s':>8s} {'steps2..N s':>12s} "
+        f"{'compl/s':>8s} {'reward 1st 10%':>15s} {'reward last 10%':>16s} {'greedy acc':>11s}",
+    ]
     for name, s in rows.items():
-        lines.append(f"{name:10s} {s['steps']:6d} {s['total_s']:8.1f} {s['cps_total']:8.1f} {s['steps_s']:12.1f} "
-                     f"{s['cps_steps']:8.1f} {s['reward_first']:15.3f} {s['reward_last']:16.3f} {s['greedy']:11.2f}")
+        lines.append(
+            f"{name:10s} {s['steps']:6d} {s['total_s']:8.1f} {s['cps_total']:8.1f} {s['steps_s']:12.1f} "
+            f"{s['cps_steps']:8.1f} {s['reward_first']:15.3f} {s['reward_last']:16.3f} {s['greedy']:11.2f}"
+        )
     if "astraflow" in rows and "trl" in rows:
         a, t = rows["astraflow"], rows["trl"]
-        lines.append(f"astraflow/TRL speed: {t['total_s'] / a['total_s']:.2f}x whole run, "
-                     f"{(a['cps_steps'] / t['cps_steps']) if t['cps_steps'] else float('nan'):.2f}x steps 2..N")
+        lines.append(
+            f"astraflow/TRL speed: {t['total_s'] / a['total_s']:.2f}x whole run, "
+            f"{(a['cps_steps'] / t['cps_steps']) if t['cps_steps'] else float('nan'):.2f}x steps 2..N"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=1000, help="optimiser steps for each system (default 1000)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--steps", type=int, default=1000, help="optimiser steps for each system (default 1000)"
+    )
     parser.add_argument("--lr", type=float, default=LR, help=f"both systems' learning rate (default {LR})")
     parser.add_argument("--seed", type=int, default=0, help="TRL's seed (astraflow's is the recipe's)")
-    parser.add_argument("--trl-python", type=Path, default=DEFAULT_TRL_PYTHON if DEFAULT_TRL_PYTHON.exists()
-                        else Path(sys.executable), help="a Python with the `bench` extra installed")
-    parser.add_argument("--work", type=Path, default=None, help="keep runs and logs here (default: a temp dir)")
+    parser.add_argument(
+        "--trl-python",
+        type=Path,
+        default=DEFAULT_TRL_PYTHON if DEFAULT_TRL_PYTHON.exists() else Path(sys.executable),
+        help="a Python with the `bench` extra installed",
+    )
+    parser.add_argument(
+        "--work", type=Path, default=None, help="keep runs and logs here (default: a temp dir)"
+    )
     parser.add_argument("--trl-child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--trl-result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -304,8 +427,10 @@ def main(argv: list[str] | None = None) -> None:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         init = init_checkpoint(load_recipe(RECIPE).model_for(POLICY), work / "init")
-        results = {"trl": run_trl(args.trl_python, init, args.steps, args.seed, args.lr, work),
-                   "astraflow": run_astraflow(init, args.steps, args.lr, work)}
+        results = {
+            "trl": run_trl(args.trl_python, init, args.steps, args.seed, args.lr, work),
+            "astraflow": run_astraflow(init, args.steps, args.lr, work),
+        }
         for r in results.values():
             r["greedy"] = greedy_accuracy(r["checkpoint"])
         init_acc = greedy_accuracy(init)

@@ -68,10 +68,15 @@ def wait_step(run_dir: Path, step: int, timeout: float, proc: subprocess.Popen[s
 def window(run_dir: Path, first: int, last: int) -> dict[str, float]:
     by_step = {r["step"]: r for r in trainer_rows(run_dir)}
     a, b = by_step[first], by_step[last]
-    stale = [by_step[s]["values"].get("staleness.mean", 0.0) for s in range(first + 1, last + 1) if s in by_step]
-    return {"steps": last - first, "seconds": round(b["time"] - a["time"], 1),
-            "steps_per_min": round((last - first) * 60 / (b["time"] - a["time"]), 2),
-            "staleness_mean": round(sum(stale) / len(stale), 3)}
+    stale = [
+        by_step[s]["values"].get("staleness.mean", 0.0) for s in range(first + 1, last + 1) if s in by_step
+    ]
+    return {
+        "steps": last - first,
+        "seconds": round(b["time"] - a["time"], 1),
+        "steps_per_min": round((last - first) * 60 / (b["time"] - a["time"]), 2),
+        "staleness_mean": round(sum(stale) / len(stale), 3),
+    }
 
 
 def log_times(log: Path, pattern: str) -> list[float]:
@@ -81,7 +86,9 @@ def log_times(log: Path, pattern: str) -> list[float]:
         if re.search(pattern, line):
             m = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})", line)
             if m:
-                out.append(time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000)
+                out.append(
+                    time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
+                )
     return out
 
 
@@ -89,17 +96,27 @@ def store_sizes(run_dir: Path) -> dict[str, float]:
     manifest = json.loads(next((run_dir / "weights").glob("*/manifest.json")).read_text())
     snaps = [e["snapshot"]["bytes"] for e in manifest["versions"].values() if e.get("snapshot")]
     deltas = [e["delta"]["bytes"] for e in manifest["versions"].values() if e.get("delta")]
-    return {"snapshot_bytes": max(snaps, default=0), "delta_bytes_mean": round(sum(deltas) / max(1, len(deltas)))}
+    return {
+        "snapshot_bytes": max(snaps, default=0),
+        "delta_bytes_mean": round(sum(deltas) / max(1, len(deltas))),
+    }
 
 
 def fetched_files(run_dir: Path) -> dict[str, float]:
     """What the workers' shared cache holds: every weight file fetched, each once."""
-    sizes = [p.stat().st_size for p in (run_dir / "cache" / "weights").glob("*") if not p.name.endswith(".part")]
+    sizes = [
+        p.stat().st_size for p in (run_dir / "cache" / "weights").glob("*") if not p.name.endswith(".part")
+    ]
     snapshot = store_sizes(run_dir)["snapshot_bytes"]
     deltas = [s for s in sizes if s != snapshot and s >= 1000]
-    return {"files": len(sizes), "bytes": sum(sizes), "snapshots": sum(s == snapshot for s in sizes),
-            "deltas": len(deltas), "delta_bytes_mean": round(sum(deltas) / max(1, len(deltas))),
-            "empty_deltas": sum(s < 1000 for s in sizes)}
+    return {
+        "files": len(sizes),
+        "bytes": sum(sizes),
+        "snapshots": sum(s == snapshot for s in sizes),
+        "deltas": len(deltas),
+        "delta_bytes_mean": round(sum(deltas) / max(1, len(deltas))),
+        "empty_deltas": sum(s < 1000 for s in sizes),
+    }
 
 
 def run_case(case: str, region: Region, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -108,11 +125,21 @@ def run_case(case: str, region: Region, tmp: Path, args: argparse.Namespace) -> 
     with wan_site(region, tmp / f"kafka-{case}") as site:
         ns = f"wanb{uuid.uuid4().hex[:8]}"
         host = region.host_ip
-        trainer = {"batch_groups": 4, "serve_http": True, "http_host": host, "http_port": site.http_port,
-                   "advertise_host": "127.0.0.1" if in_region else host}
+        trainer = {
+            "batch_groups": 4,
+            "serve_http": True,
+            "http_host": host,
+            "http_port": site.http_port,
+            "advertise_host": "127.0.0.1" if in_region else host,
+        }
         (tmp / case).mkdir()
-        recipe = recipe_copy("arithmetic", tmp / case, worker={"count": 0, "max_episodes": 16}, trainer=trainer,
-                             run={"max_steps": None})
+        recipe = recipe_copy(
+            "arithmetic",
+            tmp / case,
+            worker={"count": 0, "max_episodes": 16},
+            trainer=trainer,
+            run={"max_steps": None},
+        )
         run_dir = tmp / case / "run"
         env = subprocess_env(ASTRAFLOW_BOOTSTRAP=site.bootstrap, ASTRAFLOW_NAMESPACE=ns)
         total = 2 + args.steps + (args.steps if in_region else 0) + 1000
@@ -124,20 +151,55 @@ def run_case(case: str, region: Region, tmp: Path, args: argparse.Namespace) -> 
             started = time.time()
             wenv = {"ASTRAFLOW_LOG_LEVEL": "INFO"} | ({"ASTRAFLOW_WAN": "1"} if case == "region-wan" else {})
             if in_region:
-                workers.append(region.popen([sys.executable, "-m", "astraflow.cli", "worker", "--recipe", str(recipe),
-                                             "--run-dir", str(run_dir), "--id", f"w{i}"],
-                                            env=site.region_env(ns, **wenv), log=logs[i]))
+                workers.append(
+                    region.popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "astraflow.cli",
+                            "worker",
+                            "--recipe",
+                            str(recipe),
+                            "--run-dir",
+                            str(run_dir),
+                            "--id",
+                            f"w{i}",
+                        ],
+                        env=site.region_env(ns, **wenv),
+                        log=logs[i],
+                    )
+                )
             else:
                 with open(logs[i], "ab") as out:
-                    workers.append(subprocess.Popen(
-                        [sys.executable, "-m", "astraflow.cli", "worker", "--recipe", str(recipe), "--run-dir",
-                         str(run_dir), "--id", f"w{i}"], env=env | wenv, stdout=out, stderr=subprocess.STDOUT,
-                        start_new_session=True))
+                    workers.append(
+                        subprocess.Popen(
+                            [
+                                sys.executable,
+                                "-m",
+                                "astraflow.cli",
+                                "worker",
+                                "--recipe",
+                                str(recipe),
+                                "--run-dir",
+                                str(run_dir),
+                                "--id",
+                                f"w{i}",
+                            ],
+                            env=env | wenv,
+                            stdout=out,
+                            stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                        )
+                    )
             return started
 
         try:
             deadline = time.monotonic() + 300
-            while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline and proc.poll() is None:
+            while (
+                not (run_dir / "metrics.jsonl").exists()
+                and time.monotonic() < deadline
+                and proc.poll() is None
+            ):
                 time.sleep(1)
             start_worker(0)
             if wait_step(run_dir, 2, 900, proc) is None:
@@ -194,13 +256,17 @@ def late_joiner(start_worker: Any, log: Path, site: Any) -> dict[str, Any]:
         weights = w[0] if w else None
         assigned = a[0] if a else None
     up = log_times(log, r"consuming")  # caught up with the weights topic, subscribing to tasks
-    return {"to_consuming_s": round(up[0] - started, 1) if up else None,
-            "to_current_weights_s": round(weights - started, 1) if weights else None,
-            "to_first_assignment_s": round(assigned - started, 1) if assigned else None,
-            "weights_bytes_while_joining": site.link_bytes()["weights"]["down"] - before}
+    return {
+        "to_consuming_s": round(up[0] - started, 1) if up else None,
+        "to_current_weights_s": round(weights - started, 1) if weights else None,
+        "to_first_assignment_s": round(assigned - started, 1) if assigned else None,
+        "weights_bytes_while_joining": site.link_bytes()["weights"]["down"] - before,
+    }
 
 
-def partition(region: Region, run_dir: Path, proc: subprocess.Popen[str], logs: list[Path], secs: float) -> dict[str, Any]:
+def partition(
+    region: Region, run_dir: Path, proc: subprocess.Popen[str], logs: list[Path], secs: float
+) -> dict[str, Any]:
     """Cut the region off for `secs`; then the trainer's steps during the cut and after the heal (from
     the trainer's own step times, which reach metrics.jsonl late), and the workers' rebalances."""
     cut = time.time()
@@ -216,13 +282,20 @@ def partition(region: Region, run_dir: Path, proc: subprocess.Popen[str], logs: 
     time.sleep(max(10.0, healed + 60 - time.time()))  # the minute after the heal, rebalances included
     times = sorted(r["time"] for r in trainer_rows(run_dir))
     after = [t for t in times if t > healed]
-    events = sorted((round(t - cut, 1), f"w{i} {kind}") for i, log in enumerate(logs)
-                    for kind, pattern in (("revoked", r"revoked \[\d"), ("assigned", r"assigned \[\d"))
-                    for t in log_times(log, pattern) if t > cut - 5)
-    return {"seconds": secs, "steps_during": sum(cut <= t <= healed for t in times),
-            "heal_to_next_step_s": round(after[0] - healed, 1) if after else None,
-            "steps_in_60s_after_heal": sum(healed < t <= healed + 60 for t in times),
-            "rebalance_events_s_from_cut": events}
+    events = sorted(
+        (round(t - cut, 1), f"w{i} {kind}")
+        for i, log in enumerate(logs)
+        for kind, pattern in (("revoked", r"revoked \[\d"), ("assigned", r"assigned \[\d"))
+        for t in log_times(log, pattern)
+        if t > cut - 5
+    )
+    return {
+        "seconds": secs,
+        "steps_during": sum(cut <= t <= healed for t in times),
+        "heal_to_next_step_s": round(after[0] - healed, 1) if after else None,
+        "steps_in_60s_after_heal": sum(healed < t <= healed + 60 for t in times),
+        "rebalance_events_s_from_cut": events,
+    }
 
 
 def main() -> None:
@@ -232,14 +305,22 @@ def main() -> None:
     parser.add_argument("--cases", default="local,region-wan,region-default")
     parser.add_argument("--no-link-probe", action="store_true")
     parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
-    parser.add_argument("--keep", type=Path, default=None, help="work in this directory and keep it (logs, runs)")
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="work in this directory and keep it (logs, runs)"
+    )
     args = parser.parse_args()
     print(f"machine: {describe()}", flush=True)
     results: dict[str, Any] = {"machine": describe(), "link_spec": {**LINK.__dict__, "rate_mbit": RATE_MBIT}}
     if args.keep:
         args.keep.mkdir(parents=True)
-    with (contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory(prefix="bench-wan-")
-          ) as tmpdir, Region.create("far", LINK, RATE_MBIT) as region:
+    with (
+        (
+            contextlib.nullcontext(str(args.keep))
+            if args.keep
+            else tempfile.TemporaryDirectory(prefix="bench-wan-")
+        ) as tmpdir,
+        Region.create("far", LINK, RATE_MBIT) as region,
+    ):
         tmp = Path(tmpdir)
         if not args.no_link_probe:
             results["link"] = measure_link(region, tmp)
@@ -257,8 +338,11 @@ def measure_link(region: Region, tmp: Path) -> list[dict[str, Any]]:
     proxy = region.start_proxy([port], stats, log=tmp / "probe-link.log", env=subprocess_env())
     try:
         out = tmp / "probe.jsonl"
-        client = region.popen([sys.executable, "-m", "bench.wanlink", "127.0.0.1", str(port), region.host_ip,
-                               str(port)], env=subprocess_env(), log=out)
+        client = region.popen(
+            [sys.executable, "-m", "bench.wanlink", "127.0.0.1", str(port), region.host_ip, str(port)],
+            env=subprocess_env(),
+            log=out,
+        )
         client.wait(600)
         rows = [json.loads(line) for line in out.read_text().splitlines() if line.startswith("{")]
         for row, via in zip(rows, ("link proxy + tbf", "bare veth (tbf only)"), strict=False):

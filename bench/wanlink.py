@@ -80,14 +80,19 @@ def probe(host: str, port: int, pings: int = 30, bulk_bytes: int = 16 << 20) -> 
     secs = time.monotonic() - t
     bulk.close()
     rtts.sort()
-    return {"connect_and_first_reply_ms": round(first * 1000, 1),
-            "rtt_ms_median": round(statistics.median(rtts) * 1000, 2),
-            "rtt_ms_p90": round(rtts[int(0.9 * (len(rtts) - 1))] * 1000, 2),
-            "rtt_ms_max": round(rtts[-1] * 1000, 1),
-            "bulk_mbit_s": round(got * 8 / secs / 1e6, 2), "bulk_bytes": got}
+    return {
+        "connect_and_first_reply_ms": round(first * 1000, 1),
+        "rtt_ms_median": round(statistics.median(rtts) * 1000, 2),
+        "rtt_ms_p90": round(rtts[int(0.9 * (len(rtts) - 1))] * 1000, 2),
+        "rtt_ms_max": round(rtts[-1] * 1000, 1),
+        "bulk_mbit_s": round(got * 8 / secs / 1e6, 2),
+        "bulk_bytes": got,
+    }
 
 
 if __name__ == "__main__":  # the client, run inside a region: host port [host port ...] -> JSON lines
     args = sys.argv[1:]
     for i in range(0, len(args), 2):
-        print(json.dumps({"target": f"{args[i]}:{args[i + 1]}", **probe(args[i], int(args[i + 1]))}), flush=True)
+        print(
+            json.dumps({"target": f"{args[i]}:{args[i + 1]}", **probe(args[i], int(args[i + 1]))}), flush=True
+        )

@@ -47,8 +47,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "cooperative-sticky": {},
     "range (eager)": {"partition.assignment.strategy": "range"},
     "cooperative + static": {"group.instance.id": "{member}"},
-    "consumer (KIP-848)": {"group.protocol": "consumer", "partition.assignment.strategy": None,
-                           "session.timeout.ms": None, "heartbeat.interval.ms": None},
+    "consumer (KIP-848)": {
+        "group.protocol": "consumer",
+        "partition.assignment.strategy": None,
+        "session.timeout.ms": None,
+        "heartbeat.interval.ms": None,
+    },
 }
 
 
@@ -57,8 +61,9 @@ class Member(threading.Thread):
     `episode_s` (an episode in flight), then store its offset. A revoked partition's messages in
     flight are released, not finished, as the worker cancels them: their new owner runs them again."""
 
-    def __init__(self, name: str, consumer: Any, topic: str, log: list[tuple[int, int, float, float]],
-                 episode_s: float) -> None:
+    def __init__(
+        self, name: str, consumer: Any, topic: str, log: list[tuple[int, int, float, float]], episode_s: float
+    ) -> None:
         super().__init__(name=name, daemon=True)
         self.consumer = consumer
         self.topic = topic
@@ -120,7 +125,9 @@ def producer_loop(settings: KafkaSettings, topic: str, rate: float, stop: thread
     producer.flush(30)
 
 
-def run_variant(settings: KafkaSettings, name: str, step_s: float, rate: float, episode_s: float) -> dict[str, Any]:
+def run_variant(
+    settings: KafkaSettings, name: str, step_s: float, rate: float, episode_s: float
+) -> dict[str, Any]:
     from confluent_kafka.admin import NewTopic
 
     from workers.worker import task_consumer_overrides
@@ -167,7 +174,9 @@ def run_variant(settings: KafkaSettings, name: str, step_s: float, rate: float, 
     return result
 
 
-def measure(name: str, log: list[tuple[int, int, float, float]], events: list[tuple[str, float]]) -> dict[str, Any]:
+def measure(
+    name: str, log: list[tuple[int, int, float, float]], events: list[tuple[str, float]]
+) -> dict[str, Any]:
     first: dict[tuple[int, int], tuple[float, float]] = {}
     deliveries = defaultdict(int)
     for p, off, produced, consumed in log:
@@ -185,13 +194,20 @@ def measure(name: str, log: list[tuple[int, int, float, float]], events: list[tu
                 if consumed - produced > base + STALL_S:
                     stalled.add(p)
         rows.append((label, max(0.0, worst - base), len(stalled)))
-    return {"variant": name, "median_wait_ms": base * 1000, "events": rows, "messages": len(first),
-            "redelivered": sum(n - 1 for n in deliveries.values())}
+    return {
+        "variant": name,
+        "median_wait_ms": base * 1000,
+        "events": rows,
+        "messages": len(first),
+        "redelivered": sum(n - 1 for n in deliveries.values()),
+    }
 
 
 def report(results: list[dict[str, Any]]) -> None:
-    print("\n| variant | steady: pause s (max) | joins: pause s (median / max) | partitions stalled per join | "
-          "leaves: pause s (median / max) | partitions stalled per leave | released in flight | re-delivered | vs baseline (max pause) |")
+    print(
+        "\n| variant | steady: pause s (max) | joins: pause s (median / max) | partitions stalled per join | "
+        "leaves: pause s (median / max) | partitions stalled per leave | released in flight | re-delivered | vs baseline (max pause) |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     baseline = None
     for r in results:
@@ -200,14 +216,18 @@ def report(results: list[dict[str, Any]]) -> None:
         steady = [e for e in r["events"] if e[0].startswith("steady")]
         worst = max(e[1] for e in joins + leaves)
         baseline = baseline or worst
-        print(f"| {r['variant']} | {max(e[1] for e in steady):.2f} | {statistics.median(e[1] for e in joins):.2f} / {max(e[1] for e in joins):.2f} | "
-              f"{statistics.mean(e[2] for e in joins):.1f} | "
-              f"{statistics.median(e[1] for e in leaves):.2f} / {max(e[1] for e in leaves):.2f} | "
-              f"{statistics.mean(e[2] for e in leaves):.1f} | {r['released']} | {r['redelivered']} | {worst / baseline:.1f}x |")
+        print(
+            f"| {r['variant']} | {max(e[1] for e in steady):.2f} | {statistics.median(e[1] for e in joins):.2f} / {max(e[1] for e in joins):.2f} | "
+            f"{statistics.mean(e[2] for e in joins):.1f} | "
+            f"{statistics.median(e[1] for e in leaves):.2f} / {max(e[1] for e in leaves):.2f} | "
+            f"{statistics.mean(e[2] for e in leaves):.1f} | {r['released']} | {r['redelivered']} | {worst / baseline:.1f}x |"
+        )
     print("\nper event (pause s, partitions stalled):")
     for r in results:
-        print(f"  {r['variant']} (median wait {r['median_wait_ms']:.1f} ms, {r['messages']} messages): "
-              + ", ".join(f"{label} {p:.2f}/{s}" for label, p, s in r["events"]))
+        print(
+            f"  {r['variant']} (median wait {r['median_wait_ms']:.1f} ms, {r['messages']} messages): "
+            + ", ".join(f"{label} {p:.2f}/{s}" for label, p, s in r["events"])
+        )
 
 
 def main() -> None:
@@ -215,7 +235,9 @@ def main() -> None:
     ap.add_argument("--step", type=float, default=6.0, help="seconds between membership changes")
     ap.add_argument("--rate", type=float, default=200.0, help="messages per second over all partitions")
     ap.add_argument("--episode", type=float, default=1.0, help="seconds each message is held in flight")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from: " + ", ".join(VARIANTS))
+    ap.add_argument(
+        "--variants", default=",".join(VARIANTS), help="comma-separated, from: " + ", ".join(VARIANTS)
+    )
     ap.add_argument("--bootstrap", help="an existing broker (default: start one)")
     args = ap.parse_args()
     print(f"machine: {describe()}")

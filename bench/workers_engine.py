@@ -33,8 +33,12 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads (default 1, what each torch process of `astraflow run` gets on 2 cores)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1, what each torch process of `astraflow run` gets on 2 cores)",
+    )
     args = ap.parse_args()
     # One count for every method. With 2, the engine's thread ran 2-3x slower after the main thread's
     # `generate` calls had used torch's OpenMP threads (two thread teams on two cores).
@@ -42,8 +46,13 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    spec = ModelSpec(hidden_size=args.hidden, num_layers=args.layers, num_heads=4, num_kv_heads=2,
-                     intermediate_size=2 * args.hidden)
+    spec = ModelSpec(
+        hidden_size=args.hidden,
+        num_layers=args.layers,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=2 * args.hidden,
+    )
     path = init_checkpoint(spec, tempfile.mkdtemp() + "/tiny")
     codec = Codec(load_tokenizer(path))
     prompts = [[codec.bos, *codec.ids(f"{a}+{b}=")] for a in range(8) for b in range(8)][: args.prompts]
@@ -54,8 +63,14 @@ def main() -> None:
     start = time.perf_counter()
     with torch.inference_mode():
         for p in prompts:
-            model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long), do_sample=True,
-                           max_new_tokens=args.tokens, min_new_tokens=args.tokens, pad_token_id=codec.pad)
+            model.generate(
+                torch.tensor([p]),
+                attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                do_sample=True,
+                max_new_tokens=args.tokens,
+                min_new_tokens=args.tokens,
+                pad_token_id=codec.pad,
+            )
     loop_s = time.perf_counter() - start
 
     width = max(len(p) for p in prompts)
@@ -63,8 +78,14 @@ def main() -> None:
     mask = (torch.arange(width)[None, :] >= (width - torch.tensor([len(p) for p in prompts]))[:, None]).long()
     start = time.perf_counter()
     with torch.inference_mode():
-        model.generate(ids, attention_mask=mask, do_sample=True, max_new_tokens=args.tokens,
-                       min_new_tokens=args.tokens, pad_token_id=codec.pad)
+        model.generate(
+            ids,
+            attention_mask=mask,
+            do_sample=True,
+            max_new_tokens=args.tokens,
+            min_new_tokens=args.tokens,
+            pad_token_id=codec.pad,
+        )
     batched_s = time.perf_counter() - start
 
     async def engine_run() -> float:
@@ -82,12 +103,16 @@ def main() -> None:
 
     engine_s = asyncio.run(engine_run())
     print(f"machine: {describe()}")
-    print(f"model: hidden {args.hidden}, {args.layers} layers, {args.dtype}; {len(prompts)} prompts x "
-          f"{args.tokens} tokens = {n_tokens} tokens; torch threads {torch.get_num_threads()}")
+    print(
+        f"model: hidden {args.hidden}, {args.layers} layers, {args.dtype}; {len(prompts)} prompts x "
+        f"{args.tokens} tokens = {n_tokens} tokens; torch threads {torch.get_num_threads()}"
+    )
     print("| | seconds | tokens/s | vs generate loop |\n|---|---:|---:|---:|")
-    for name, s in (("model.generate, one prompt at a time (baseline)", loop_s),
-                    ("model.generate, one left-padded batch", batched_s),
-                    ("torch engine, concurrent requests, with log-probs", engine_s)):
+    for name, s in (
+        ("model.generate, one prompt at a time (baseline)", loop_s),
+        ("model.generate, one left-padded batch", batched_s),
+        ("torch engine, concurrent requests, with log-probs", engine_s),
+    ):
         print(f"| {name} | {s:.2f} | {n_tokens / s:,.0f} | {loop_s / s:.1f}x |")
 
 

@@ -81,8 +81,15 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     environments()["bench_tool"] = ToolEnv
     path = init_checkpoint(ModelSpec(), tempfile.mkdtemp() + "/tiny")
-    recipe = Recipe.model_validate({"name": "bench", "policies": [{"name": "p"}], "worker": {"env_args": {
-        "bench_tool": {"latency_s": args.latency, "turns": args.turns, "gen": args.gen}}}})
+    recipe = Recipe.model_validate(
+        {
+            "name": "bench",
+            "policies": [{"name": "p"}],
+            "worker": {
+                "env_args": {"bench_tool": {"latency_s": args.latency, "turns": args.turns, "gen": args.gen}}
+            },
+        }
+    )
     runtime = Runtime(recipe, Codec(load_tokenizer(path)))
 
     async def run() -> dict[int, float]:
@@ -96,8 +103,10 @@ def main() -> None:
 
     rates = asyncio.run(run())
     print(f"machine: {describe()}")
-    print(f"tiny model (hidden 128, 4 layers, float32); {args.turns} turns x {args.gen} tokens per episode, "
-          f"tool latency {args.latency * 1000:.0f} ms per turn")
+    print(
+        f"tiny model (hidden 128, 4 layers, float32); {args.turns} turns x {args.gen} tokens per episode, "
+        f"tool latency {args.latency * 1000:.0f} ms per turn"
+    )
     print("| concurrent episodes | episodes/s | vs 1 |\n|---:|---:|---:|")
     for c, r in rates.items():
         print(f"| {c} | {r:.1f} | {r / rates[1]:.1f}x |")

@@ -64,8 +64,9 @@ def rloo(rewards: np.ndarray, ddof: int = 1) -> tuple[np.ndarray, float, float]:
     return (r - others).astype(np.float32), mean, _std(r, ddof)
 
 
-def reinforce_pp_baseline(rewards: np.ndarray, scale: float, eps: float = 1e-6,
-                          ddof: int = 1) -> tuple[np.ndarray, float, float]:
+def reinforce_pp_baseline(
+    rewards: np.ndarray, scale: float, eps: float = 1e-6, ddof: int = 1
+) -> tuple[np.ndarray, float, float]:
     """REINFORCE++-baseline: rewards centred on the group mean, divided by `scale`, the standard
     deviation of centred rewards over a batch (here: a window of recent groups, see the stage)."""
     r = np.asarray(rewards, dtype=np.float64)
@@ -75,8 +76,9 @@ def reinforce_pp_baseline(rewards: np.ndarray, scale: float, eps: float = 1e-6,
     return _scaled(r - mean, scale + eps), mean, _std(r, ddof)
 
 
-def reinforce_pp(rewards: np.ndarray, mean: float, scale: float, eps: float = 1e-6,
-                 ddof: int = 1) -> tuple[np.ndarray, float, float]:
+def reinforce_pp(
+    rewards: np.ndarray, mean: float, scale: float, eps: float = 1e-6, ddof: int = 1
+) -> tuple[np.ndarray, float, float]:
     """REINFORCE++: rewards centred on `mean` and divided by `scale`, the mean and standard
     deviation of rewards over a batch (here: a window of recent groups, see the stage). Returns
     (advantages, group mean, group std) like the others."""

@@ -63,8 +63,9 @@ class Group:
 
     def members(self, policy: str) -> np.ndarray:
         """Indices of the trajectories that hold at least one token of `policy`."""
-        return np.array([i for i, t in enumerate(self.trajectories) if bool(owner_mask(t, policy).any())],
-                        dtype=np.int64)
+        return np.array(
+            [i for i, t in enumerate(self.trajectories) if bool(owner_mask(t, policy).any())], dtype=np.int64
+        )
 
     def rewards(self, policy: str) -> np.ndarray:
         """float64 rewards of `policy`, one per trajectory (NaN for a trajectory that does not list
@@ -103,12 +104,20 @@ class Group:
     def replay_copy(self, k: int) -> Group:
         """The k-th reuse of this group: same data and advantages, ids suffixed `~r<k>`, so the
         trainer (which drops duplicate group_ids) treats it as a new group."""
-        trajs = [dataclasses.replace(t, traj_id=f"{t.traj_id}~r{k}", group_id=f"{t.group_id}~r{k}")
-                 for t in self.trajectories]
+        trajs = [
+            dataclasses.replace(t, traj_id=f"{t.traj_id}~r{k}", group_id=f"{t.group_id}~r{k}")
+            for t in self.trajectories
+        ]
         return dataclasses.replace(
-            self, group_id=f"{self.group_id}~r{k}", trajectories=trajs, replayed=k,
-            advantages={p: a.copy() for p, a in self.advantages.items()}, stats=dict(self.stats),
-            skip_policies=set(self.skip_policies), drops=Counter(), dropped=None,
+            self,
+            group_id=f"{self.group_id}~r{k}",
+            trajectories=trajs,
+            replayed=k,
+            advantages={p: a.copy() for p, a in self.advantages.items()},
+            stats=dict(self.stats),
+            skip_policies=set(self.skip_policies),
+            drops=Counter(),
+            dropped=None,
         )
 
 

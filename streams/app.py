@@ -67,14 +67,16 @@ def check_topics(settings: KafkaSettings, bases: list[str], timeout: float = 15.
         raise ConfigError(
             f"streams: missing topic(s) {', '.join(missing)} on {settings.bootstrap}. The broker does not "
             f"create topics on use; create them with `astraflow topics apply --recipe <recipe>` "
-            f"(namespace {settings.namespace!r}).")
+            f"(namespace {settings.namespace!r})."
+        )
     parts = {n: len(md.topics[n].partitions) for n in names}
     first = md.topics[names[0]].partitions[0]
     return Cluster(partitions=parts, replication=max(1, len(first.replicas)))
 
 
-def precreate(settings: KafkaSettings, faust_topics: list[Any], partitions: int, replication: int,
-              timeout: float = 30.0) -> list[str]:
+def precreate(
+    settings: KafkaSettings, faust_topics: list[Any], partitions: int, replication: int, timeout: float = 30.0
+) -> list[str]:
     """Create Faust's internal topics (table changelogs, task updates) that do not exist yet, and
     wait until the cluster metadata shows them. Faust creates them itself at start and subscribes
     right after; a topic the metadata does not show yet is dropped from the subscription (faust
@@ -96,15 +98,29 @@ def precreate(settings: KafkaSettings, faust_topics: list[Any], partitions: int,
             configs["retention.ms"] = str(int(want_seconds(topic.retention) * 1000))
         for name in topic.topics:
             if name not in existing:
-                specs.append(TopicSpec(name=name, base=name, record="internal", partitions=topic.partitions or partitions,
-                                       replication=topic.replicas or replication, configs=configs))
+                specs.append(
+                    TopicSpec(
+                        name=name,
+                        base=name,
+                        record="internal",
+                        partitions=topic.partitions or partitions,
+                        replication=topic.replicas or replication,
+                        configs=configs,
+                    )
+                )
     if not specs:
         return []
     return apply(admin, specs, timeout=timeout).created
 
 
-def create_app(recipe: Recipe, *, kafka: KafkaSettings | None = None, data_dir: str | Path | None = None,
-               web_port: int | None = None, instance_id: str | None = None) -> Any:
+def create_app(
+    recipe: Recipe,
+    *,
+    kafka: KafkaSettings | None = None,
+    data_dir: str | Path | None = None,
+    web_port: int | None = None,
+    instance_id: str | None = None,
+) -> Any:
     """Build the Faust app for `recipe`'s streams pipeline. Checks the pipeline (names, arguments,
     order) and the topics before Faust starts. `app.astraflow` is the StreamsRuntime."""
 
@@ -148,8 +164,11 @@ def create_app(recipe: Recipe, *, kafka: KafkaSettings | None = None, data_dir: 
         value_serializer="raw",
     )
     # compact quickly: the bodies changelog holds trajectories only until their group is emitted
-    compact = {"segment.ms": "600000", "min.cleanable.dirty.ratio": "0.1",
-               "max.message.bytes": str(fetch_limit(settings))}
+    compact = {
+        "segment.ms": "600000",
+        "min.cleanable.dirty.ratio": "0.1",
+        "max.message.bytes": str(fetch_limit(settings)),
+    }
     groups = make_table(app, "groups", n_parts, "msgpack", compact)
     bodies = make_table(app, "bodies", n_parts, "raw", compact)  # the trajectory bytes as consumed
 
@@ -158,8 +177,13 @@ def create_app(recipe: Recipe, *, kafka: KafkaSettings | None = None, data_dir: 
     samples = {p: app.topic(settings.topic(samples_topic(p)), **raw) for p in recipe.policy_names}
     task_updates = task_stats_topic = stats_table = None
     if with_stats:
-        task_updates = app.topic(f"{app_id}-task-updates", internal=True, partitions=n_parts,
-                                 key_serializer="raw", value_serializer="msgpack")
+        task_updates = app.topic(
+            f"{app_id}-task-updates",
+            internal=True,
+            partitions=n_parts,
+            key_serializer="raw",
+            value_serializer="msgpack",
+        )
         task_stats_topic = app.topic(settings.topic(TASK_STATS), **raw)
         stats_table = make_table(app, "task_stats", n_parts, "msgpack", {})
 
@@ -169,15 +193,25 @@ def create_app(recipe: Recipe, *, kafka: KafkaSettings | None = None, data_dir: 
     precreate(settings, internal, n_parts, cluster.replication)
 
     topics = Topics(
-        trajectories=traj_topic, samples=samples,
-        sample_partitions={p: cluster.partitions[settings.topic(samples_topic(p))] for p in recipe.policy_names},
-        task_updates=task_updates, task_stats=task_stats_topic,
+        trajectories=traj_topic,
+        samples=samples,
+        sample_partitions={
+            p: cluster.partitions[settings.topic(samples_topic(p))] for p in recipe.policy_names
+        },
+        task_updates=task_updates,
+        task_stats=task_stats_topic,
     )
     runtime = StreamsRuntime(
-        app, pipeline, Collector(pipeline.group, FaustTable(groups), FaustTable(bodies)), topics, settings,
+        app,
+        pipeline,
+        Collector(pipeline.group, FaustTable(groups), FaustTable(bodies)),
+        topics,
+        settings,
         FaustTable(stats_table) if stats_table is not None else None,
-        instance_id or f"streams-{socket.gethostname()}-{os.getpid()}", commit_every_s=cfg.commit_every_s,
-        max_task_stats=cfg.max_task_stats, max_cached_trajectories=cfg.max_cached_trajectories,
+        instance_id or f"streams-{socket.gethostname()}-{os.getpid()}",
+        commit_every_s=cfg.commit_every_s,
+        max_task_stats=cfg.max_task_stats,
+        max_cached_trajectories=cfg.max_cached_trajectories,
     )
     app.astraflow = runtime
 

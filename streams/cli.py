@@ -26,19 +26,32 @@ def register(app: typer.Typer) -> None:
     @app.command("streams")
     def streams(
         recipe: Annotated[Path, typer.Option("--recipe", "-r", help="Recipe YAML.")],
-        run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Run directory (default: the recipe's "
-                                                     "run.dir). The Faust data directory goes in <run-dir>/streams "
-                                                     "unless --data-dir or streams.data_dir says otherwise.")] = None,
+        run_dir: Annotated[
+            Path | None,
+            typer.Option(
+                "--run-dir",
+                help="Run directory (default: the recipe's "
+                "run.dir). The Faust data directory goes in <run-dir>/streams "
+                "unless --data-dir or streams.data_dir says otherwise.",
+            ),
+        ] = None,
         data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Faust data directory.")] = None,
-        log_level: Annotated[str | None, typer.Option("--log-level", "-l",
-                                                      help="crit, error, warn, info or debug "
-                                                           "(default: streams.log_level).")] = None,
-        web_port: Annotated[int | None, typer.Option(help="Serve Faust's web pages on this port "
-                                                          "(default: off).")] = None,
-        instance_id: Annotated[str | None, typer.Option(help="Id in Metric records "
-                                                             "(default: streams-<host>-<pid>).")] = None,
-        check: Annotated[bool, typer.Option("--check", help="Build the pipeline, check the topics, print "
-                                                            "the stages and exit.")] = False,
+        log_level: Annotated[
+            str | None,
+            typer.Option(
+                "--log-level", "-l", help="crit, error, warn, info or debug (default: streams.log_level)."
+            ),
+        ] = None,
+        web_port: Annotated[
+            int | None, typer.Option(help="Serve Faust's web pages on this port (default: off).")
+        ] = None,
+        instance_id: Annotated[
+            str | None, typer.Option(help="Id in Metric records (default: streams-<host>-<pid>).")
+        ] = None,
+        check: Annotated[
+            bool,
+            typer.Option("--check", help="Build the pipeline, check the topics, print the stages and exit."),
+        ] = False,
     ) -> None:
         """Run the streams worker: the recipe's pipeline of data algorithms, trajectories -> samples."""
         from astraflow.config import load_recipe
@@ -46,7 +59,9 @@ def register(app: typer.Typer) -> None:
         cfg = load_recipe(recipe)
         level = log_level or cfg.streams.log_level
         if level not in ("crit", "error", "warn", "info", "debug"):
-            raise typer.BadParameter(f"{level!r} is not one of crit, error, warn, info, debug", param_hint="--log-level")
+            raise typer.BadParameter(
+                f"{level!r} is not one of crit, error, warn, info, debug", param_hint="--log-level"
+            )
         rd = run_dir_for(recipe, run_dir)
         ddir = data_dir or (Path(cfg.streams.data_dir) if cfg.streams.data_dir else rd / "streams")
 

@@ -39,7 +39,6 @@ def failpoint_from_env() -> tuple[str, int] | None:
     return (where, int(n)) if where in ("mid_emit", "after_emit") and n.isdigit() else None
 
 
-
 @dataclass
 class _Plan:
     """One group of an emission batch: what its algorithms made of it, before anything is sent."""
@@ -51,7 +50,6 @@ class _Plan:
     summaries: list[TaskSummary]
     emitted: bool
     number: int = 0  # its place among the emissions that produced Samples (the failpoints count them)
-
 
 
 class Emitter:
@@ -76,8 +74,16 @@ class Emitter:
     def written(self) -> list[Any]:
         raise NotImplementedError
 
-    async def deadletter(self, topic: str, partition: int, offset: int, key: bytes | None, raw: bytes,
-                         error: str, wait: bool = True) -> None:
+    async def deadletter(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        raw: bytes,
+        error: str,
+        wait: bool = True,
+    ) -> None:
         raise NotImplementedError
 
     async def flush_dead(self) -> None:
@@ -93,8 +99,15 @@ class Emitter:
                     return None
                 traj = decode(raw, Trajectory, self.policies)  # after a restart: validated bytes
             trajs.append(traj)
-        return Group(group_id=gid, task_id=meta["task"], env=meta["env"], policies=list(meta["policies"]),
-                     group_size=meta["size"], trajectories=trajs, complete=complete)
+        return Group(
+            group_id=gid,
+            task_id=meta["task"],
+            env=meta["env"],
+            policies=list(meta["policies"]),
+            group_size=meta["size"],
+            trajectories=trajs,
+            complete=complete,
+        )
 
     def enqueue(self, gid: str, action: str) -> None:
         """Queue a group for the emitter (a complete group is emitted as complete, even if a
@@ -126,7 +139,9 @@ class Emitter:
         fresh = [p for p in plans if p.records and p.meta["state"] != INTENT]
         now = time.time()
         for p in fresh:
-            targets = sorted({(self.topics.samples[pol].get_topic_name(), part) for pol, part, _ in p.records})
+            targets = sorted(
+                {(self.topics.samples[pol].get_topic_name(), part) for pol, part, _ in p.records}
+            )
             self.collector.mark_intent(p.gid, now, targets)
         intents = self.written()  # taken before any await: other writes may follow meanwhile
         await self._recover([p for p in plans if p.records and p.meta["state"] == INTENT])
@@ -142,8 +157,11 @@ class Emitter:
                 if i == len(outgoing) // 2:
                     await self._maybe_fail("mid_emit", p.number, p.gid, futures)
                 topic = self.topics.samples[policy]
-                futures.append(await topic.send(key=batch.group_id.encode(),
-                                                value=encode(batch, self.policies), partition=part))
+                futures.append(
+                    await topic.send(
+                        key=batch.group_id.encode(), value=encode(batch, self.policies), partition=part
+                    )
+                )
                 self.counters.inc(f"samples.out.{policy}", len(batch.items))
             futures += await self._send_summaries(p.summaries, wait=False)
         await self.send_now()
@@ -189,20 +207,31 @@ class Emitter:
             # a stage (often a plug-in) failed on this group: its trajectories go to deadletter
             offsets = self.collector.offsets(meta)
             for (tid, raw), offset in zip(self.collector.bodies_of(gid), offsets, strict=True):
-                await self.deadletter(self.topics.trajectories, meta["p"], offset, gid.encode(), raw,
-                                      f"Trajectory {tid}: {exc}", wait=False)
+                await self.deadletter(
+                    self.topics.trajectories,
+                    meta["p"],
+                    offset,
+                    gid.encode(),
+                    raw,
+                    f"Trajectory {tid}: {exc}",
+                    wait=False,
+                )
             await self.flush_dead()  # one wait for the group's dead letters
             # the group reaches no trainer: its task statistics say so (the feeder counts it consumed)
-            await self._send_summaries([s | {"dropped": True} for stage in self.pipeline.task_stats
-                                        for s in stage.take()])
+            await self._send_summaries(
+                [s | {"dropped": True} for stage in self.pipeline.task_stats for s in stage.take()]
+            )
             await self._finish(gid, meta)
             return None
         summaries = [s for stage in self.pipeline.task_stats for s in stage.take()]
         reached = {s.policy for s in samples if s.group_id == gid}
-        for summary in summaries:  # a group that reaches no trainer of some policy: the feeder counts it consumed
+        for (
+            summary
+        ) in summaries:  # a group that reaches no trainer of some policy: the feeder counts it consumed
             summary["dropped"] = summary["gid"] == gid and not set(group.policies) <= reached
-        records = [(s.policy, partition_for(s.group_id, self.topics.sample_partitions[s.policy]), s)
-                   for s in samples]
+        records = [
+            (s.policy, partition_for(s.group_id, self.topics.sample_partitions[s.policy]), s) for s in samples
+        ]
         return _Plan(gid, meta, group, records, summaries, emitted=bool(records))
 
     def _records_of(self, plan: _Plan) -> list[tuple[str, int, SampleBatch]]:
@@ -211,12 +240,14 @@ class Emitter:
         dying between them leaves some of them on the topics, as a group of two policies can."""
         records = plan.records
         halves = self.failpoint == ("mid_emit", plan.number) and len(records) > 1
-        chunks = [records[: len(records) // 2], records[len(records) // 2:]] if halves else [records]
+        chunks = [records[: len(records) // 2], records[len(records) // 2 :]] if halves else [records]
         out = []
         for chunk in chunks:
             parts = {policy: part for policy, part, _ in chunk}
-            out += [(b.policy, parts[b.policy], b)
-                    for b in sample_batches([s for _, _, s in chunk], BATCH_BYTES, self.policies)]
+            out += [
+                (b.policy, parts[b.policy], b)
+                for b in sample_batches([s for _, _, s in chunk], BATCH_BYTES, self.policies)
+            ]
         return out
 
     async def send_now(self) -> None:
@@ -229,7 +260,9 @@ class Emitter:
         futures = []
         if self.topics.task_updates is not None:
             for summary in summaries:
-                futures.append(await self.topics.task_updates.send(key=summary["task"].encode(), value=summary))
+                futures.append(
+                    await self.topics.task_updates.send(key=summary["task"].encode(), value=summary)
+                )
         if wait:
             await asyncio.gather(*futures)
         return futures
@@ -256,8 +289,12 @@ class Emitter:
             missing = [r for r in p.records if (name[r[0]], r[2].traj_id) not in found]
             self.counters.inc("groups.recovered")
             self.counters.inc("samples.recovered", len(p.records) - len(missing))
-            log.warning("group %s: recovered an interrupted emission; %d of %d Samples were already on the "
-                        "topics", p.gid, len(p.records) - len(missing), len(p.records))
+            log.warning(
+                "group %s: recovered an interrupted emission; %d of %d Samples were already on the topics",
+                p.gid,
+                len(p.records) - len(missing),
+                len(p.records),
+            )
             p.records = missing
 
     async def _finish(self, gid: str, meta: OpenGroup) -> None:

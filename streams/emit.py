@@ -44,14 +44,22 @@ def partition_for(key: str, partitions: int) -> int:
     return _partitioner(key.encode("utf-8"), parts, parts)
 
 
-def read_back(settings: KafkaSettings, targets: Iterable[tuple[str, int]], keys: set[str],
-              since_s: float, timeout_s: float = 60.0) -> set[tuple[str, str]]:
+def read_back(
+    settings: KafkaSettings,
+    targets: Iterable[tuple[str, int]],
+    keys: set[str],
+    since_s: float,
+    timeout_s: float = 60.0,
+) -> set[tuple[str, str]]:
     """(topic, traj_id) of the Samples keyed by one of `keys` on the target topic-partitions,
     written at or after `since_s` (minus a margin). Blocking: run it in an executor."""
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-    consumer = make_consumer(settings, f"streams-readback-{uuid.uuid4().hex[:8]}",  # never committed
-                             **{"enable.auto.commit": False, "enable.partition.eof": True})
+    consumer = make_consumer(
+        settings,
+        f"streams-readback-{uuid.uuid4().hex[:8]}",  # never committed
+        **{"enable.auto.commit": False, "enable.partition.eof": True},
+    )
     found: set[tuple[str, str]] = set()
     wanted = {k.encode("utf-8") for k in keys}
     try:
@@ -62,7 +70,9 @@ def read_back(settings: KafkaSettings, targets: Iterable[tuple[str, int]], keys:
         for tp in starts:
             if tp.error is not None:
                 raise KafkaException(tp.error)
-            _, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=timeout_s)
+            _, high = consumer.get_watermark_offsets(
+                TopicPartition(tp.topic, tp.partition), timeout=timeout_s
+            )
             if tp.offset < 0 or tp.offset >= high:
                 continue  # nothing written since the intent
             assign.append(TopicPartition(tp.topic, tp.partition, tp.offset))

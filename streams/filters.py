@@ -33,8 +33,7 @@ class ZeroVariance(Stage):
         self.per_policy, self.atol = bool(per_policy), float(atol)
 
     def __call__(self, group: Group) -> Group | None:
-        flat = [p for p in group.policies
-                if constant(group.rewards(p)[group.members(p)], self.atol)]
+        flat = [p for p in group.policies if constant(group.rewards(p)[group.members(p)], self.atol)]
         if len(flat) == len(group.policies):
             group.drop("zero_variance")
             return None
@@ -58,8 +57,10 @@ class Errored(Stage):
     kind = "filter"
 
     def __call__(self, group: Group) -> Group:
-        group.remove([t.finish_reason in ("error", "aborted") or t.error is not None
-                      for t in group.trajectories], "errored")
+        group.remove(
+            [t.finish_reason in ("error", "aborted") or t.error is not None for t in group.trajectories],
+            "errored",
+        )
         return group
 
 
@@ -85,9 +86,14 @@ class MaxStaleness(Stage):
 class Length(Stage):
     kind = "filter"
 
-    def __init__(self, *, max_tokens: int | None = None, min_generated: int = 0,
-                 max_generated: int | None = None) -> None:
-        self.max_tokens, self.min_generated, self.max_generated = max_tokens, int(min_generated), max_generated
+    def __init__(
+        self, *, max_tokens: int | None = None, min_generated: int = 0, max_generated: int | None = None
+    ) -> None:
+        self.max_tokens, self.min_generated, self.max_generated = (
+            max_tokens,
+            int(min_generated),
+            max_generated,
+        )
 
     def __call__(self, group: Group) -> Group:
         generated = np.array([int((t.owner >= 0).sum()) for t in group.trajectories], dtype=np.int64)
@@ -99,6 +105,8 @@ class Length(Stage):
             too_long |= generated > self.max_generated
         group.remove(too_long, "too_long")
         if self.min_generated:
-            short = np.array([int((t.owner >= 0).sum()) < self.min_generated for t in group.trajectories], bool)
+            short = np.array(
+                [int((t.owner >= 0).sum()) < self.min_generated for t in group.trajectories], bool
+            )
             group.remove(short, "too_short")
         return group

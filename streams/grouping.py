@@ -115,8 +115,14 @@ class GroupStage(Stage):
 
     kind = "group"
 
-    def __init__(self, *, timeout_s: float = 120.0, on_timeout: str = "emit", min_size: int = 1,
-                 dedupe_ttl_s: float = 3600.0) -> None:
+    def __init__(
+        self,
+        *,
+        timeout_s: float = 120.0,
+        on_timeout: str = "emit",
+        min_size: int = 1,
+        dedupe_ttl_s: float = 3600.0,
+    ) -> None:
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
         if on_timeout not in ("emit", "drop"):
@@ -157,8 +163,9 @@ class Collector:
         """Add one trajectory (see `add_record`)."""
         return self.add_record([(traj, raw)], partition, now, offset)[0]
 
-    def add_record(self, items: list[tuple[Trajectory, bytes]], partition: int, now: float,
-                   offset: int = -1) -> list[Added]:
+    def add_record(
+        self, items: list[tuple[Trajectory, bytes]], partition: int, now: float, offset: int = -1
+    ) -> list[Added]:
         """Add the trajectories of one record (all of one group: a Trajectory, or the items of a
         TrajectoryBatch), each with its bytes. Each is `added`, a `duplicate` (its traj_id is
         already in the group), `late` (the group is done) or `inconsistent` with the group; `ready`
@@ -177,9 +184,21 @@ class Collector:
         if found is not None and found["state"] == DONE:
             return [Added("late") for _ in items]
         first = items[0][0]
-        meta: OpenGroup = found if found is not None else OpenGroup(
-            p=partition, state=PENDING, first=now, size=first.group_size, ids=[], offs=[], task=first.task_id,
-            env=first.env, policies=list(first.policies))
+        meta: OpenGroup = (
+            found
+            if found is not None
+            else OpenGroup(
+                p=partition,
+                state=PENDING,
+                first=now,
+                size=first.group_size,
+                ids=[],
+                offs=[],
+                task=first.task_id,
+                env=first.env,
+                policies=list(first.policies),
+            )
+        )
         ids, offs, policies = list(meta["ids"]), list(meta["offs"]), list(meta["policies"])
         stored, fresh = set(ids), set()
         outcomes: list[tuple[str, str]] = []
@@ -215,8 +234,10 @@ class Collector:
             meta = {**meta, "ids": ids, "offs": offs, "policies": policies}
             self.groups.set(gid, meta, meta["p"])
         ready = self.ready(meta)
-        return [Added(outcome, ready=ready and outcome != "inconsistent", reason=reason)  # type: ignore[arg-type]
-                for outcome, reason in outcomes]
+        return [
+            Added(outcome, ready=ready and outcome != "inconsistent", reason=reason)  # type: ignore[arg-type]
+            for outcome, reason in outcomes
+        ]
 
     @staticmethod
     def _inconsistent(meta: OpenGroup, traj: Trajectory) -> str:
@@ -259,7 +280,7 @@ class Collector:
             body = self.bodies.get(ids[i])
             if is_run(body):
                 run = unpack_run(body)[: len(ids) - i]
-                out += zip(ids[i:i + len(run)], run, strict=True)
+                out += zip(ids[i : i + len(run)], run, strict=True)
                 i += max(len(run), 1)
             else:
                 out.append((ids[i], body))

@@ -130,11 +130,18 @@ def build_pipeline(config: StreamsConfig, ctx: StageContext) -> Pipeline:
     if len(names) < 3 or names[1] != "group":
         raise ConfigError("streams.pipeline[1]: 'group' must follow 'validate'")
     if names[-1] != "route":
-        raise ConfigError(f"streams.pipeline[{len(names) - 1}]: the pipeline must end with 'route', "
-                          f"not {names[-1]!r}")
-    built = [instantiate(s.name, dict(s.args), f"streams.pipeline[{i}] ({s.name})") for i, s in enumerate(specs)]
+        raise ConfigError(
+            f"streams.pipeline[{len(names) - 1}]: the pipeline must end with 'route', not {names[-1]!r}"
+        )
+    built = [
+        instantiate(s.name, dict(s.args), f"streams.pipeline[{i}] ({s.name})") for i, s in enumerate(specs)
+    ]
     validate, group, route_stage = built[0], built[1], built[-1]
-    if not isinstance(validate, Validate) or not isinstance(group, GroupStage) or not isinstance(route_stage, Route):
+    if (
+        not isinstance(validate, Validate)
+        or not isinstance(group, GroupStage)
+        or not isinstance(route_stage, Route)
+    ):
         raise ConfigError("streams.pipeline: validate, group and route must be the built-in stages")
     middle: list[tuple[str, Any]] = []
     seen_advantage = False
@@ -144,15 +151,19 @@ def build_pipeline(config: StreamsConfig, ctx: StageContext) -> Pipeline:
             raise ConfigError(f"{where}: {spec.name!r} may appear only once")
         kind = getattr(stage, "kind", "transform")
         if kind not in KINDS:
-            raise ConfigError(f"{where}: {spec.name!r} declares kind {kind!r}; a stage between group and "
-                              f"route must be one of {', '.join(KINDS)}")
+            raise ConfigError(
+                f"{where}: {spec.name!r} declares kind {kind!r}; a stage between group and "
+                f"route must be one of {', '.join(KINDS)}"
+            )
         if not callable(stage):
             raise ConfigError(f"{where}: {spec.name!r} is not callable with a Group")
         if kind == "filter" and seen_advantage:
             # the estimator already computed each group's baseline from the samples a later filter
             # would drop: the advantages of the samples kept would be relative to the wrong mean
-            raise ConfigError(f"{where}: filter {spec.name!r} comes after the advantage estimator; "
-                              "put filters before it so the baseline is computed on what is trained")
+            raise ConfigError(
+                f"{where}: filter {spec.name!r} comes after the advantage estimator; "
+                "put filters before it so the baseline is computed on what is trained"
+            )
         if kind == "advantage" and seen_advantage:
             raise ConfigError(f"{where}: a second advantage estimator {spec.name!r}; a pipeline has one")
         seen_advantage |= kind == "advantage"
@@ -161,8 +172,10 @@ def build_pipeline(config: StreamsConfig, ctx: StageContext) -> Pipeline:
             setup(ctx)
         middle.append((spec.name, stage))
     if not seen_advantage:
-        raise ConfigError("streams.pipeline: no advantage estimator before 'route' "
-                          "(add one of grpo, dr_grpo, rloo, reinforce_pp_baseline, reinforce_pp or a plug-in of kind 'advantage')")
+        raise ConfigError(
+            "streams.pipeline: no advantage estimator before 'route' "
+            "(add one of grpo, dr_grpo, rloo, reinforce_pp_baseline, reinforce_pp or a plug-in of kind 'advantage')"
+        )
     duplicates = {n for n in names[2:-1] if names.count(n) > 1}
     if duplicates:
         # two stages of one name would share metric names; refuse rather than mix their counts

@@ -79,8 +79,9 @@ class Replay(_Reuse):
 
 
 class Mix(_Reuse):
-    def __init__(self, *, ratio: float = 0.25, capacity: int = 64, max_lag: int | None = None,
-                 seed: int | None = None) -> None:
+    def __init__(
+        self, *, ratio: float = 0.25, capacity: int = 64, max_lag: int | None = None, seed: int | None = None
+    ) -> None:
         super().__init__(max_lag)
         if ratio < 0 or capacity < 1:
             raise ValueError("ratio must be >= 0 and capacity >= 1")

@@ -36,19 +36,36 @@ def route(group: Group, now: float | None = None) -> list[Sample]:
             continue
         adv = group.advantages.get(policy)
         if adv is None or adv.shape != (len(group),):
-            raise PipelineError(f"group {group.group_id}: no advantages for policy {policy!r}; "
-                                f"the pipeline needs an advantage estimator before route")
+            raise PipelineError(
+                f"group {group.group_id}: no advantages for policy {policy!r}; "
+                f"the pipeline needs an advantage estimator before route"
+            )
         mean, std = group.stats.get(policy, (0.0, 0.0))
         for i in members:
             t, mask = group.trajectories[i], masks[i]
-            out.append(Sample(
-                policy=policy, traj_id=t.traj_id, group_id=group.group_id, task_id=t.task_id, env=t.env,
-                tokens=t.tokens, loss_mask=mask.astype(np.uint8), logprobs=t.logprobs, versions=t.versions,
-                advantages=np.where(mask, np.float32(adv[i]), np.float32(0.0)).astype(np.float32),
-                reward=t.rewards[policy], group_size=group.group_size, group_samples=len(members),
-                group_mean=mean, group_std=max(std, 0.0), finish_reason=t.finish_reason, attempt=t.attempt,
-                replayed=group.replayed, created_at=now,
-            ))
+            out.append(
+                Sample(
+                    policy=policy,
+                    traj_id=t.traj_id,
+                    group_id=group.group_id,
+                    task_id=t.task_id,
+                    env=t.env,
+                    tokens=t.tokens,
+                    loss_mask=mask.astype(np.uint8),
+                    logprobs=t.logprobs,
+                    versions=t.versions,
+                    advantages=np.where(mask, np.float32(adv[i]), np.float32(0.0)).astype(np.float32),
+                    reward=t.rewards[policy],
+                    group_size=group.group_size,
+                    group_samples=len(members),
+                    group_mean=mean,
+                    group_std=max(std, 0.0),
+                    finish_reason=t.finish_reason,
+                    attempt=t.attempt,
+                    replayed=group.replayed,
+                    created_at=now,
+                )
+            )
     return out
 
 

@@ -67,10 +67,19 @@ class Topics:
 
 
 class StreamsRuntime(Emitter):
-    def __init__(self, app: Any, pipeline: Pipeline, collector: Collector, topics: Topics,
-                 settings: KafkaSettings, stats_table: Any | None, instance_id: str,
-                 commit_every_s: float = 2.0, max_task_stats: int = 100_000,
-                 max_cached_trajectories: int = 16_384) -> None:
+    def __init__(
+        self,
+        app: Any,
+        pipeline: Pipeline,
+        collector: Collector,
+        topics: Topics,
+        settings: KafkaSettings,
+        stats_table: Any | None,
+        instance_id: str,
+        commit_every_s: float = 2.0,
+        max_task_stats: int = 100_000,
+        max_cached_trajectories: int = 16_384,
+    ) -> None:
         self.app, self.pipeline, self.collector, self.topics = app, pipeline, collector, topics
         self.settings, self.stats_table = settings, stats_table
         self.commit_every_s = commit_every_s
@@ -81,8 +90,12 @@ class StreamsRuntime(Emitter):
         self._wake = asyncio.Event()
         self.max_task_stats = max_task_stats
         # bounded (streams/bounded.py): a flood of groups must not grow them without end
-        self.cache: LRU[str, Trajectory] = LRU(max_cached_trajectories, lambda: self.counters.inc("cache.evicted"))
-        self.arrived: LRU[str, float] = LRU(max_cached_trajectories, lambda: self.counters.inc("arrived.evicted"))
+        self.cache: LRU[str, Trajectory] = LRU(
+            max_cached_trajectories, lambda: self.counters.inc("cache.evicted")
+        )
+        self.arrived: LRU[str, float] = LRU(
+            max_cached_trajectories, lambda: self.counters.inc("arrived.evicted")
+        )
         self.publisher = Publisher(settings)
         self.dead = DeadLetters(self.publisher, "streams")
         self.reporter = MetricsReporter(self.publisher, "streams", instance_id, region=settings.region)
@@ -130,7 +143,9 @@ class StreamsRuntime(Emitter):
             c.inc("stage.validate.in")
             if isinstance(traj, RecordError):  # one bad trajectory of a batch: dead-lettered alone
                 c.inc("stage.validate.deadlettered")
-                await self.deadletter(msg.topic, msg.partition, msg.offset, msg.key, raw, str(traj), wait=False)
+                await self.deadletter(
+                    msg.topic, msg.partition, msg.offset, msg.key, raw, str(traj), wait=False
+                )
                 continue
             c.inc("stage.validate.out")
             self.pipeline.ctx.versions.observe(traj)
@@ -148,8 +163,15 @@ class StreamsRuntime(Emitter):
         for (traj, raw), result in zip(kept, added, strict=True):
             if result.outcome == "inconsistent":
                 c.inc("stage.group.deadlettered")
-                await self.deadletter(msg.topic, msg.partition, msg.offset, msg.key, raw,
-                                      f"Trajectory {traj.traj_id}: {result.reason}", wait=False)
+                await self.deadletter(
+                    msg.topic,
+                    msg.partition,
+                    msg.offset,
+                    msg.key,
+                    raw,
+                    f"Trajectory {traj.traj_id}: {result.reason}",
+                    wait=False,
+                )
             elif result.outcome in ("duplicate", "late"):
                 c.inc(f"stage.group.dropped.{result.outcome}")
                 c.inc(f"trajectories.dropped.{result.outcome}")
@@ -159,8 +181,16 @@ class StreamsRuntime(Emitter):
         if any(result.ready for result in added):
             self.enqueue(kept[0][0].group_id, "complete")
 
-    async def deadletter(self, topic: str, partition: int, offset: int, key: bytes | None, raw: bytes,
-                         error: str, wait: bool = True) -> None:
+    async def deadletter(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        raw: bytes,
+        error: str,
+        wait: bool = True,
+    ) -> None:
         """Dead-letter one record and wait for the broker's ack: its offset may be committed next.
         `wait=False`: the caller waits once (`flush_dead`) for several, before its offset is done."""
         self.dead.publish(topic, partition, offset, key, raw, error)
@@ -183,8 +213,11 @@ class StreamsRuntime(Emitter):
         return ready
 
     def assigned_partitions(self) -> set[int]:
-        return {tp.partition for tp in self.app.assignor.assigned_actives()
-                if tp.topic == self.topics.trajectories}
+        return {
+            tp.partition
+            for tp in self.app.assignor.assigned_actives()
+            if tp.topic == self.topics.trajectories
+        }
 
     def source_topics(self) -> set[str]:
         """The topics the agents consume with acknowledgements (their offsets are committed)."""
@@ -228,9 +261,12 @@ class StreamsRuntime(Emitter):
             if end is not None and end > committed:
                 stuck.append((tp, committed, end))
         if stuck:
-            log.warning("idle for %.0f s with uncommitted records (topic, partition, committed, end): %s; "
-                        "seeking back to the committed offsets", idle_s,
-                        [(tp.topic, tp.partition, c, e) for tp, c, e in stuck])
+            log.warning(
+                "idle for %.0f s with uncommitted records (topic, partition, committed, end): %s; "
+                "seeking back to the committed offsets",
+                idle_s,
+                [(tp.topic, tp.partition, c, e) for tp, c, e in stuck],
+            )
             self.counters.inc("consumer.reseeks")
             starts = await consumer.earliest_offsets(*(tp for tp, *_ in stuck))
             consumer.stop_flow()
@@ -256,8 +292,14 @@ class StreamsRuntime(Emitter):
             else:
                 self.enqueue(gid, action)
         self.counters.gauge("groups.pending", self.collector.pending())
-        self.counters.gauge("trajectories.pending", sum(
-            len(m["ids"]) for _, m in self.collector.groups.items() if m is not None and m["state"] != DONE))
+        self.counters.gauge(
+            "trajectories.pending",
+            sum(
+                len(m["ids"])
+                for _, m in self.collector.groups.items()
+                if m is not None and m["state"] != DONE
+            ),
+        )
 
     # ---------------------------------------------------------------- task stats
 

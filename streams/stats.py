@@ -38,6 +38,7 @@ RECENT_GROUPS = 64
 MAX_SUMMARY_BYTES = 64 << 10
 MAX_ID_CHARS = 4096
 
+
 class TaskSummary(TypedDict):
     """One group's contribution to its task's statistics (a record of the internal topic)."""
 
@@ -103,14 +104,19 @@ def parse_summary(raw: bytes | None, key: bytes | None = None) -> TaskSummary:
             raise RecordError(name, "missing", "TaskUpdate")
         value = summary[name]
         if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
-            raise RecordError(name, f"{type(value).__name__} {value!r:.80}, expected "
-                              f"{' or '.join(t.__name__ for t in types)}", "TaskUpdate")
+            raise RecordError(
+                name,
+                f"{type(value).__name__} {value!r:.80}, expected {' or '.join(t.__name__ for t in types)}",
+                "TaskUpdate",
+            )
         if check is not None and not check(value):
             raise RecordError(name, f"{value!r:.80} out of range", "TaskUpdate")
     if summary["successes"] > summary["n"]:
         raise RecordError("successes", f"{summary['successes']} exceed n {summary['n']}", "TaskUpdate")
     if key is not None and key != summary["task"].encode():
-        raise RecordError("<key>", f"Kafka key {key[:80]!r} is not the task {summary['task']!r:.80}", "TaskUpdate")
+        raise RecordError(
+            "<key>", f"Kafka key {key[:80]!r} is not the task {summary['task']!r:.80}", "TaskUpdate"
+        )
     return cast(TaskSummary, summary)  # every field checked above
 
 
@@ -118,14 +124,20 @@ def summarize(group: Group, success_threshold: float = 1.0) -> TaskSummary:
     """One group's contribution: trajectories, reward sum, successes, zero variance, newest version.
 
     A trajectory's reward here is the mean of the rewards of the policies it lists."""
-    rewards = np.array([np.mean([t.rewards[p] for p in t.policies]) for t in group.trajectories],
-                       dtype=np.float64)
+    rewards = np.array(
+        [np.mean([t.rewards[p] for p in t.policies]) for t in group.trajectories], dtype=np.float64
+    )
     zero_var = all(constant(group.rewards(p)[group.members(p)]) for p in group.policies)
     versions = [int(t.versions.max()) for t in group.trajectories if t.versions.size]
     return TaskSummary(
-        gid=group.group_id, task=group.task_id, env=group.env, n=len(group),
-        reward_sum=float(rewards.sum()), successes=int((rewards >= success_threshold).sum()),
-        zero_variance=bool(zero_var and len(group) > 0), version=max(versions, default=-1),
+        gid=group.group_id,
+        task=group.task_id,
+        env=group.env,
+        n=len(group),
+        reward_sum=float(rewards.sum()),
+        successes=int((rewards >= success_threshold).sum()),
+        zero_variance=bool(zero_var and len(group) > 0),
+        version=max(versions, default=-1),
         dropped=False,
     )
 
@@ -133,15 +145,33 @@ def summarize(group: Group, success_threshold: float = 1.0) -> TaskSummary:
 def dropped_summary(group_id: str, task_id: str, env: str) -> TaskSummary:
     """The contribution of a group dropped before any of its trajectories could be summarized
     (a group timeout): no samples, but one group that reaches no trainer."""
-    return TaskSummary(gid=group_id, task=task_id, env=env, n=0, reward_sum=0.0, successes=0,
-                       zero_variance=False, version=-1, dropped=True)
+    return TaskSummary(
+        gid=group_id,
+        task=task_id,
+        env=env,
+        n=0,
+        reward_sum=0.0,
+        successes=0,
+        zero_variance=False,
+        version=-1,
+        dropped=True,
+    )
 
 
 def fold(state: TaskState | None, summary: TaskSummary) -> tuple[TaskState, bool]:
     """Add a summary to a task's running state. Returns (new state, applied); a group already
     applied (by group_id, among the last RECENT_GROUPS) leaves the state unchanged."""
-    state = state or TaskState(groups=0, samples=0, reward_sum=0.0, successes=0, zero_variance=0, dropped=0,
-                               version=-1, recent=[], env=summary["env"])
+    state = state or TaskState(
+        groups=0,
+        samples=0,
+        reward_sum=0.0,
+        successes=0,
+        zero_variance=0,
+        dropped=0,
+        version=-1,
+        recent=[],
+        env=summary["env"],
+    )
     if summary["gid"] in state["recent"]:
         return state, False
     new = TaskState(
@@ -161,10 +191,14 @@ def fold(state: TaskState | None, summary: TaskSummary) -> tuple[TaskState, bool
 def to_record(task_id: str, state: TaskState, now: float | None = None) -> TaskStats:
     n = state["samples"]
     return TaskStats(
-        task_id=task_id, env=state["env"], groups=state["groups"], samples=n,
+        task_id=task_id,
+        env=state["env"],
+        groups=state["groups"],
+        samples=n,
         mean_reward=state["reward_sum"] / n if n else 0.0,
         success_rate=min(1.0, state["successes"] / n) if n else 0.0,
-        zero_variance_groups=state["zero_variance"], dropped_groups=state.get("dropped", 0),
+        zero_variance_groups=state["zero_variance"],
+        dropped_groups=state.get("dropped", 0),
         last_version=max(-1, state["version"]),
         updated_at=time.time() if now is None else now,
     )

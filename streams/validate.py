@@ -23,7 +23,9 @@ Item = tuple[bytes, Trajectory | RecordError]
 class Validate(Stage):
     kind = "validate"
 
-    def __init__(self, *, check_ids: bool = True, check_key: bool = True, max_tokens: int | None = None) -> None:
+    def __init__(
+        self, *, check_ids: bool = True, check_key: bool = True, max_tokens: int | None = None
+    ) -> None:
         if max_tokens is not None and max_tokens < 1:
             raise ValueError("max_tokens must be positive")
         self.check_ids, self.check_key, self.max_tokens = bool(check_ids), bool(check_key), max_tokens
@@ -50,17 +52,22 @@ class Validate(Stage):
         if self.check_ids:
             want_group = group_id(traj.task_id, traj.attempt)
             if traj.group_id != want_group:
-                raise RecordError("group_id", f"{traj.group_id!r} is not {want_group!r} (task_id#attempt)",
-                                  "Trajectory")
+                raise RecordError(
+                    "group_id", f"{traj.group_id!r} is not {want_group!r} (task_id#attempt)", "Trajectory"
+                )
             want_traj = traj_id(traj.task_id, traj.attempt, traj.sample_index)
             if traj.traj_id != want_traj:
-                raise RecordError("traj_id", f"{traj.traj_id!r} is not {want_traj!r} "
-                                  "(task_id#attempt#sample_index)", "Trajectory")
+                raise RecordError(
+                    "traj_id",
+                    f"{traj.traj_id!r} is not {want_traj!r} (task_id#attempt#sample_index)",
+                    "Trajectory",
+                )
         if not item:
             self._check_key(key, traj.group_id, "Trajectory")
         if self.max_tokens is not None and len(traj.tokens) > self.max_tokens:
-            raise RecordError("tokens", f"{len(traj.tokens)} tokens exceed the limit {self.max_tokens}",
-                              "Trajectory")
+            raise RecordError(
+                "tokens", f"{len(traj.tokens)} tokens exceed the limit {self.max_tokens}", "Trajectory"
+            )
         return traj
 
     def _check_key(self, key: bytes | None, gid: str, record_type: str) -> None:

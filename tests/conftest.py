@@ -18,8 +18,12 @@ import pytest
 from astraflow.config import KafkaSettings
 
 # Settings of the developer's shell must not leak into tests.
-_SAVED_ENV = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("ASTRAFLOW_") and k not in (
-    "ASTRAFLOW_TEST_BOOTSTRAP", "ASTRAFLOW_HOME", "ASTRAFLOW_LOG_LEVEL")}
+_SAVED_ENV = {
+    k: os.environ.pop(k)
+    for k in list(os.environ)
+    if k.startswith("ASTRAFLOW_")
+    and k not in ("ASTRAFLOW_TEST_BOOTSTRAP", "ASTRAFLOW_HOME", "ASTRAFLOW_LOG_LEVEL")
+}
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -13,8 +13,14 @@ from astraflow.kafka import TopicReader, make_consumer
 from astraflow.records import decode, trajectories_of
 
 
-def read_messages(settings: KafkaSettings, topic: str, *, until: Callable[[list[Any]], bool] | None = None,
-                  timeout: float = 30.0, settle: float = 2.0) -> list[Any]:
+def read_messages(
+    settings: KafkaSettings,
+    topic: str,
+    *,
+    until: Callable[[list[Any]], bool] | None = None,
+    timeout: float = 30.0,
+    settle: float = 2.0,
+) -> list[Any]:
     """The messages of the base topic `topic` from the beginning (every partition): read until
     `until(messages)` holds (or `timeout`), then until `settle` seconds pass with nothing new, so
     extra records (duplicates) are seen too."""
@@ -32,36 +38,53 @@ def read_messages(settings: KafkaSettings, topic: str, *, until: Callable[[list[
                 return out
 
 
-def read_topic(settings: KafkaSettings, topic: str, cls: type | None = None, *,
-               until: Callable[[list[Any]], bool] | None = None, timeout: float = 30.0,
-               settle: float | None = None) -> list[Any]:
+def read_topic(
+    settings: KafkaSettings,
+    topic: str,
+    cls: type | None = None,
+    *,
+    until: Callable[[list[Any]], bool] | None = None,
+    timeout: float = 30.0,
+    settle: float | None = None,
+) -> list[Any]:
     """`read_messages` decoded (as `cls` if given; `until` sees the records). Without `until` it
     stops once the topic was quiet for 2 s; with it, as soon as it holds, unless `settle` says."""
     records: list[Any] = []
 
     def holds(msgs: list[Any]) -> bool:
-        records.extend(decode(m.value(), cls) for m in msgs[len(records):])
+        records.extend(decode(m.value(), cls) for m in msgs[len(records) :])
         return until is None or until(records)
 
-    msgs = read_messages(settings, topic, until=holds, timeout=timeout,
-                         settle=settle if settle is not None else (2.0 if until is None else 0.0))
+    msgs = read_messages(
+        settings,
+        topic,
+        until=holds,
+        timeout=timeout,
+        settle=settle if settle is not None else (2.0 if until is None else 0.0),
+    )
     holds(msgs)
     return records
 
 
-def read_trajectories(settings: KafkaSettings, *, until: Callable[[list[Any]], bool] | None = None,
-                      timeout: float = 30.0) -> list[Any]:
+def read_trajectories(
+    settings: KafkaSettings, *, until: Callable[[list[Any]], bool] | None = None, timeout: float = 30.0
+) -> list[Any]:
     """The Trajectories on `trajectories`, a batch's opened (a worker sends a group's as one record);
     `until` sees the trajectories."""
+
     def flat(records: list[Any]) -> list[Any]:
         return [t for r in records for t in trajectories_of(r)]
 
-    return flat(read_topic(settings, "trajectories", until=(lambda rs: until(flat(rs))) if until else None,
-                           timeout=timeout))
+    return flat(
+        read_topic(
+            settings, "trajectories", until=(lambda rs: until(flat(rs))) if until else None, timeout=timeout
+        )
+    )
 
 
-def read_now(settings: KafkaSettings, topic: str, cls: type | None = None,
-             timeout: float = 60.0) -> list[Any]:
+def read_now(
+    settings: KafkaSettings, topic: str, cls: type | None = None, timeout: float = 60.0
+) -> list[Any]:
     """The records of `topic` up to its end offsets at the call (decoded, as `cls` if given)."""
     with TopicReader(settings, [topic], from_beginning=True) as reader:
         return [decode(m.value(), cls) for m in reader.to_end(timeout)]
@@ -89,14 +112,21 @@ def commit(settings: KafkaSettings, group: str, topic: str, offsets: dict[int, i
 
     consumer = make_consumer(settings, group, **{"enable.auto.commit": False})
     try:
-        consumer.commit(offsets=[TopicPartition(settings.topic(topic), p, o) for p, o in offsets.items()],
-                        asynchronous=False)
+        consumer.commit(
+            offsets=[TopicPartition(settings.topic(topic), p, o) for p, o in offsets.items()],
+            asynchronous=False,
+        )
     finally:
         consumer.close()
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 1.0,
-             proc: subprocess.Popen[Any] | None = None) -> None:
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float,
+    what: str,
+    interval: float = 1.0,
+    proc: subprocess.Popen[Any] | None = None,
+) -> None:
     """Return once `predicate()` is true; fail after `timeout`, or as soon as `proc` has exited."""
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -30,8 +30,13 @@ def test_arguments_default_to_twenty_seeds_of_every_cpu_recipe() -> None:
     assert (args.seeds, args.recipes, args.steps) == (3, ["guess_number", "arithmetic"], 50)
 
 
-@pytest.mark.parametrize(("argv", "message"), [(["--recipes", "arithmetic,nope"], "unknown recipes ['nope']; known: "),
-                                             (["--seeds", "0"], "--seeds must be at least 1")])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--recipes", "arithmetic,nope"], "unknown recipes ['nope']; known: "),
+        (["--seeds", "0"], "--seeds must be at least 1"),
+    ],
+)
 def test_bad_arguments_are_refused(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         ls.parse_args(argv)
@@ -50,7 +55,9 @@ def test_a_checkpoint_model_keeps_its_weights_and_keys_are_set_on_a_copy() -> No
     data = ls.seeded({"name": "r", "model": {"path": "/ckpt"}}, 3)
     assert "seed" not in data["model"] and data["feeder"]["seed"] == 3
     base = {"trainer": {"lr": 1.0}}
-    assert ls.set_key(base, "trainer.loss.policy_loss", "m2po") == {"trainer": {"lr": 1.0, "loss": {"policy_loss": "m2po"}}}
+    assert ls.set_key(base, "trainer.loss.policy_loss", "m2po") == {
+        "trainer": {"lr": 1.0, "loss": {"policy_loss": "m2po"}}
+    }
     assert base == {"trainer": {"lr": 1.0}}
 
 
@@ -62,49 +69,84 @@ def test_every_target_names_a_policy_of_its_recipe() -> None:
 
 def test_verdicts_follow_each_recipes_targets() -> None:
     won = {"success": {"best_tenth": 0.95}}
-    assert ls.judge("referential_game", ["speaker", "listener"], summary(speaker=won, listener=won))["learned"]
-    got = ls.judge("referential_game", ["speaker", "listener"],
-                   summary(speaker=won, listener={"success": {"best_tenth": 0.85}}))
+    assert ls.judge("referential_game", ["speaker", "listener"], summary(speaker=won, listener=won))[
+        "learned"
+    ]
+    got = ls.judge(
+        "referential_game",
+        ["speaker", "listener"],
+        summary(speaker=won, listener={"success": {"best_tenth": 0.85}}),
+    )
     assert not got["learned"] and got["failed_targets"] == ["listener success.best_tenth >= 0.9"]
     rise = {"reward": {"p_value": 0.001, "improvement": 0.2, "last_tenth": 0.5}}
     assert ls.judge("arithmetic", ["solver"], summary(solver=rise))["learned"]
-    assert not ls.judge("arithmetic", ["solver"], summary(solver={"reward": {"p_value": 0.2, "improvement": 0.1}}))["learned"]
+    assert not ls.judge(
+        "arithmetic", ["solver"], summary(solver={"reward": {"p_value": 0.2, "improvement": 0.1}})
+    )["learned"]
     verifier = {"reward": {"last_tenth": 0.87}}
     got = ls.judge("solve_and_verify", ["solver", "verifier"], summary(solver=rise, verifier=verifier))
     assert got["failed_targets"] == ["verifier reward.last_tenth >= 0.9"]
     # a recipe without targets learns when every policy's reward rises; a short run has no statistics
     assert ls.judge("new_recipe", ["a"], summary(a=rise))["learned"]
     assert ls.judge("new_recipe", ["a"], summary(a={"reward": {"steps": 5}}))["failed_targets"] == [
-        "a reward.p_value < 0.05", "a reward.improvement >= 1e-09"]
+        "a reward.p_value < 0.05",
+        "a reward.improvement >= 1e-09",
+    ]
     crashed = ls.judge("arithmetic", ["solver"], {**summary(solver=rise), "failed": ["trainer-solver"]})
     assert not crashed["learned"] and "trainer-solver" in crashed["failed_targets"][0]
 
 
 def test_tally_and_markdown_count_seeds_per_recipe() -> None:
-    results = [{"recipe": "guess_number", "seed": s, "targets": ["agent success.best_tenth >= 0.8"],
-                **ls.judge("guess_number", ["agent"], summary(agent={"success": {"best_tenth": b}}))}
-               for s, b in enumerate([0.9, 0.5, 0.85])]
+    results = [
+        {
+            "recipe": "guess_number",
+            "seed": s,
+            "targets": ["agent success.best_tenth >= 0.8"],
+            **ls.judge("guess_number", ["agent"], summary(agent={"success": {"best_tenth": b}})),
+        }
+        for s, b in enumerate([0.9, 0.5, 0.85])
+    ]
     tally = ls.tally(results)
     assert tally["guess_number"]["runs"] == 3 and tally["guess_number"]["learned"] == 2
     assert tally["guess_number"]["not_learned"] == [1]
     text = ls.markdown(results)
     assert "| guess_number | 2 / 3 | 1 | agent success.best_tenth >= 0.8 |" in text
-    assert "| guess_number | 1 | agent | - / - / - | - / - / 0.500 | no: agent success.best_tenth >= 0.8 |" in text
+    assert (
+        "| guess_number | 1 | agent | - / - / - | - / - / 0.500 | no: agent success.best_tenth >= 0.8 |"
+        in text
+    )
 
 
 def test_run_stats_read_lags_stale_drops_and_mismatch(tmp_path: Path) -> None:
-    rows = [{"component": "trainer", "id": "trainer.agent", "step": step, "time": float(step),
-             "values": {"reward.mean": step / 20, "staleness.lag.0": lag0, "staleness.lag.1": 8 - lag0,
-                        "mismatch.abs": 0.01 * step, "samples.stale": float(step), "samples.in": 20.0 * step}}
-            for step, lag0 in zip(range(1, 21), [8] * 10 + [4] * 10, strict=True)]
+    rows = [
+        {
+            "component": "trainer",
+            "id": "trainer.agent",
+            "step": step,
+            "time": float(step),
+            "values": {
+                "reward.mean": step / 20,
+                "staleness.lag.0": lag0,
+                "staleness.lag.1": 8 - lag0,
+                "mismatch.abs": 0.01 * step,
+                "samples.stale": float(step),
+                "samples.in": 20.0 * step,
+            },
+        }
+        for step, lag0 in zip(range(1, 21), [8] * 10 + [4] * 10, strict=True)
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    run = {"policies": {"agent": {"reward": {"first_tenth": 0.075, "last_tenth": 0.975, "best_tenth": 0.975}}},
-           "wall_minutes": 2.0}
+    run = {
+        "policies": {"agent": {"reward": {"first_tenth": 0.075, "last_tenth": 0.975, "best_tenth": 0.975}}},
+        "wall_minutes": 2.0,
+    }
     got = variants.run_stats(tmp_path, run, "agent")
     assert got["steps"] == 20 and got["stale"] == 20 and got["stale_share"] == pytest.approx(0.05)
     assert got["lag_share"] == {"0": 0.75, "1": 0.25} and got["lag_mean"] == pytest.approx(0.25)
     assert got["mismatch_abs"] == pytest.approx(0.105) and got["best_tenth"] == 0.975
-    text = variants.table("trainer.order", [{"value": "edf", "seed": 0, **got}, {"value": "edf", "seed": 1, **got}])
+    text = variants.table(
+        "trainer.order", [{"value": "edf", "seed": 0, **got}, {"value": "edf", "seed": 1, **got}]
+    )
     assert "| edf | 0 | 20 | 0.075 | 0.975 | 0.975 | 20 (5.0%) | 0.75 / 0.25 | 0.25 | 0.1050 | 2.0 |" in text
     assert "| edf | 2 | 0.075 | 0.975 | 0.975 | 5.0% | 0.25 | 0.1050 |" in text
 

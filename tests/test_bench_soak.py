@@ -7,14 +7,22 @@ import pytest
 from bench import soak
 
 
-@pytest.mark.parametrize(("cmd", "kind"), [
-    ("/venv/bin/python -m astraflow.cli trainer --recipe r.yaml --run-dir /tmp/run --policy solver", "trainer"),
-    ("/venv/bin/python -m astraflow.cli worker --recipe r.yaml --run-dir /tmp/run --region local --id worker-0",
-     "worker worker-0"),
-    ("/venv/bin/python -m astraflow.cli run r.yaml --run-dir /tmp/run --no-dashboard", "run"),
-    ("java -Xmx1g -cp /x kafka.Kafka /tmp/run/broker/server.properties", "broker"),
-    ("/bin/sh -c sleep 1 /tmp/run", "other"),
-])
+@pytest.mark.parametrize(
+    ("cmd", "kind"),
+    [
+        (
+            "/venv/bin/python -m astraflow.cli trainer --recipe r.yaml --run-dir /tmp/run --policy solver",
+            "trainer",
+        ),
+        (
+            "/venv/bin/python -m astraflow.cli worker --recipe r.yaml --run-dir /tmp/run --region local --id worker-0",
+            "worker worker-0",
+        ),
+        ("/venv/bin/python -m astraflow.cli run r.yaml --run-dir /tmp/run --no-dashboard", "run"),
+        ("java -Xmx1g -cp /x kafka.Kafka /tmp/run/broker/server.properties", "broker"),
+        ("/bin/sh -c sleep 1 /tmp/run", "other"),
+    ],
+)
 def test_processes_are_told_apart_by_their_command_line(cmd: str, kind: str) -> None:
     assert soak.kind_of(cmd) == kind
 
@@ -27,7 +35,10 @@ def test_a_flat_line_has_no_slope_and_a_leak_shows_per_ten_minutes() -> None:
 
 
 def test_the_table_measures_growth_from_the_first_warm_sample() -> None:
-    samples = [{"t": float(t), "rss": {"streams": 100.0 + (50.0 if t < 300 else 0.0) + t / 600}} for t in range(0, 1200, 60)]
+    samples = [
+        {"t": float(t), "rss": {"streams": 100.0 + (50.0 if t < 300 else 0.0) + t / 600}}
+        for t in range(0, 1200, 60)
+    ]
     [_, row] = soak.table(samples, warmup_s=300)
     name, warm, end, growth, slope = row.split()
     assert name == "streams" and float(warm) == pytest.approx(100.5) and float(end) == pytest.approx(101.9)

@@ -94,10 +94,14 @@ def test_trl_config_matches_the_astraflow_settings() -> None:
 
 
 def test_astraflow_metrics_and_final_checkpoint(tmp_path: Path) -> None:
-    rows = [{"component": "trainer", "step": 0, "time": 1.0, "values": {}},
-            {"component": "streams", "step": 1, "time": 2.0, "values": {"reward.mean": 9.0}}]
-    rows += [{"component": "trainer", "step": s, "time": 10.0 + s, "values": {"reward.mean": s / 10}}
-             for s in (2, 1, 3, 4)]
+    rows = [
+        {"component": "trainer", "step": 0, "time": 1.0, "values": {}},
+        {"component": "streams", "step": 1, "time": 2.0, "values": {"reward.mean": 9.0}},
+    ]
+    rows += [
+        {"component": "trainer", "step": s, "time": 10.0 + s, "values": {"reward.mean": s / 10}}
+        for s in (2, 1, 3, 4)
+    ]
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     got = vs_trl.astraflow_metrics(tmp_path, 3)
     assert got == {"steps": 3, "steps_s": 2.0, "rewards": [0.1, 0.2, 0.3]}
@@ -112,8 +116,10 @@ def test_astraflow_metrics_and_final_checkpoint(tmp_path: Path) -> None:
 
 def test_table_prints_the_ratio() -> None:
     run = {"steps": 11, "steps_s": 10.0, "rewards": [0.0] * 10 + [1.0], "greedy": 0.5}
-    table = vs_trl.table({"trl": {**run, "total_s": 40.0}, "astraflow": {**run, "total_s": 20.0, "steps_s": 5.0}},
-                         "test machine")
+    table = vs_trl.table(
+        {"trl": {**run, "total_s": 40.0}, "astraflow": {**run, "total_s": 20.0, "steps_s": 5.0}},
+        "test machine",
+    )
     assert "machine: test machine" in table
     assert "astraflow/TRL speed: 2.00x whole run, 2.00x steps 2..N" in table
     trl_row = next(line for line in table.splitlines() if line.startswith("trl "))
@@ -121,8 +127,9 @@ def test_table_prints_the_ratio() -> None:
 
 
 def test_help_runs_without_trl() -> None:
-    out = subprocess.run([sys.executable, "-m", "bench.vs_trl", "--help"], cwd=REPO, capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.vs_trl", "--help"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
     assert "--steps" in out and "--trl-python" in out and "--lr" in out
 
 
@@ -150,17 +157,21 @@ class Oracle:
         return SimpleNamespace(logits=logits)
 
 
-@pytest.mark.parametrize(("wrong", "eos", "accuracy"), [
-    (lambda p: False, True, 1.0),  # junk after <eos> and past the budget is ignored
-    (lambda p: p.startswith("0+"), True, 0.9),
-    (lambda p: False, False, 0.0),  # no <eos>: require_eos
-])
+@pytest.mark.parametrize(
+    ("wrong", "eos", "accuracy"),
+    [
+        (lambda p: False, True, 1.0),  # junk after <eos> and past the budget is ignored
+        (lambda p: p.startswith("0+"), True, 0.9),
+        (lambda p: False, False, 0.0),  # no <eos>: require_eos
+    ],
+)
 def test_greedy_accuracy_decodes_with_the_environments_budget_and_stop(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, codec: Codec, wrong: Any, eos: bool,
-        accuracy: float) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, codec: Codec, wrong: Any, eos: bool, accuracy: float
+) -> None:
     import transformers
 
     codec.tokenizer.save_pretrained(tmp_path)
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
-                        lambda *a, **k: Oracle(codec, wrong, eos))
+    monkeypatch.setattr(
+        transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: Oracle(codec, wrong, eos)
+    )
     assert vs_trl.greedy_accuracy(tmp_path) == pytest.approx(accuracy)

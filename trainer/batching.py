@@ -128,8 +128,10 @@ class GroupBuffer:
         if group is None:
             group = self.pending[gid] = Group(gid, sample.group_samples)
         elif sample.group_samples != group.expected:
-            raise BadSample(f"group {gid}: group_samples {sample.group_samples} differs from {group.expected} "
-                            "in earlier samples of the group")
+            raise BadSample(
+                f"group {gid}: group_samples {sample.group_samples} differs from {group.expected} "
+                "in earlier samples of the group"
+            )
         if sample.traj_id in group.samples:
             self.counts["samples.duplicate"] += 1
             return "duplicate"
@@ -238,9 +240,12 @@ class GroupBuffer:
         return out
 
     def state(self) -> dict[str, Any]:
-        return {"offsets": {str(p): o for p, o in sorted(self.offsets().items())},
-                "trained": [[gid, step] for gid, step in self.trained.items()],
-                "counts": dict(self.counts), "lost": [list(r) for r in self.lost]}
+        return {
+            "offsets": {str(p): o for p, o in sorted(self.offsets().items())},
+            "trained": [[gid, step] for gid, step in self.trained.items()],
+            "counts": dict(self.counts),
+            "lost": [list(r) for r in self.lost],
+        }
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint's state (before anything was consumed)."""

@@ -68,8 +68,12 @@ class Snapshot:
     state: dict[str, Any]
 
 
-def snapshot(step: int, model_state: dict[str, torch.Tensor], optimizer_state: dict[str, Any] | None,
-             state: dict[str, Any]) -> Snapshot:
+def snapshot(
+    step: int,
+    model_state: dict[str, torch.Tensor],
+    optimizer_state: dict[str, Any] | None,
+    state: dict[str, Any],
+) -> Snapshot:
     """Copies of `Engine.full_state()` (model and optimiser state dicts; no optimiser state for a
     publication that is not checkpointed) and the trainer's state."""
     tensors, meta = optimizer_to_files(optimizer_state) if optimizer_state is not None else (None, None)
@@ -101,8 +105,14 @@ def _fsync_tree(path: Path) -> None:
     _fsync_dir(path)
 
 
-def save_checkpoint(root: Path, snap: Snapshot, model: Any, tokenizer: Any, keep: int = 2,
-                    before_rename: Callable[[], None] | None = None) -> Path:
+def save_checkpoint(
+    root: Path,
+    snap: Snapshot,
+    model: Any,
+    tokenizer: Any,
+    keep: int = 2,
+    before_rename: Callable[[], None] | None = None,
+) -> Path:
     """Write the checkpoint of `snap` under `root` atomically and keep only the newest `keep`.
     `model` gives only the config (its weights are taken from the snapshot). `before_rename` runs
     once the files are synced, before the rename makes them the checkpoint (fault injection)."""

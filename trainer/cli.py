@@ -13,10 +13,19 @@ def register(app: typer.Typer) -> None:
     def trainer(
         recipe: Annotated[Path, typer.Option("--recipe", "-r", help="Recipe YAML.")],
         policy: Annotated[str, typer.Option(help="Policy this trainer trains.")],
-        run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Run directory (default: the recipe's "
-                                                     "run.dir with {name} replaced).")] = None,
-        max_steps: Annotated[int | None, typer.Option("--max-steps", help="Stop after this many steps "
-                                                      "(default: trainer.max_steps, then run.max_steps).")] = None,
+        run_dir: Annotated[
+            Path | None,
+            typer.Option(
+                "--run-dir", help="Run directory (default: the recipe's run.dir with {name} replaced)."
+            ),
+        ] = None,
+        max_steps: Annotated[
+            int | None,
+            typer.Option(
+                "--max-steps",
+                help="Stop after this many steps (default: trainer.max_steps, then run.max_steps).",
+            ),
+        ] = None,
     ) -> None:
         """Train one policy from its samples topic and publish its weights.
 
@@ -30,5 +39,7 @@ def register(app: typer.Typer) -> None:
 
         loaded = load_recipe(recipe)
         loaded.model_for(policy)  # an unknown policy fails before anything connects
-        service = Trainer(loaded, policy, run_dir=run_dir, settings=resolve(loaded.kafka), max_steps=max_steps)
+        service = Trainer(
+            loaded, policy, run_dir=run_dir, settings=resolve(loaded.kafka), max_steps=max_steps
+        )
         exit_now(service.run())

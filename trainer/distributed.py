@@ -71,8 +71,9 @@ def agree_stop(dist: Dist, local_stop: bool) -> bool:
     return bool(flag.item())
 
 
-def exchange(dist: Dist, rows: Rows | None, totals: tuple[float, float] = (0.0, 0.0),
-             step: int = 0) -> tuple[Rows | None, float, float, int]:
+def exchange(
+    dist: Dist, rows: Rows | None, totals: tuple[float, float] = (0.0, 0.0), step: int = 0
+) -> tuple[Rows | None, float, float, int]:
     """Leader: send `rows` (or None for an idle round). Others: receive. Everyone gets back its own
     share of the rows, the batch-wide loss-token and sequence counts, and the step number."""
     if not dist.enabled:
@@ -81,7 +82,9 @@ def exchange(dist: Dist, rows: Rows | None, totals: tuple[float, float] = (0.0, 
 
     header = torch.zeros(6, dtype=torch.float64)
     if dist.leader and rows is not None:
-        header[:] = torch.tensor([BATCH, rows.tokens.shape[0], rows.tokens.shape[1], totals[0], totals[1], step])
+        header[:] = torch.tensor(
+            [BATCH, rows.tokens.shape[0], rows.tokens.shape[1], totals[0], totals[1], step]
+        )
     td.broadcast(header, src=0, group=dist.group)
     cmd, n, length, num_tokens, num_seqs, step_no = header.tolist()
     if int(cmd) != BATCH:
@@ -91,8 +94,11 @@ def exchange(dist: Dist, rows: Rows | None, totals: tuple[float, float] = (0.0, 
         assert rows is not None
         tensors = rows.tensors()
     else:
-        tensors = [torch.empty(n, length, dtype=torch.int64), torch.empty(n, dtype=torch.int64),
-                   *(torch.empty(n, length - 1, dtype=torch.float32) for _ in range(3))]
+        tensors = [
+            torch.empty(n, length, dtype=torch.int64),
+            torch.empty(n, dtype=torch.int64),
+            *(torch.empty(n, length - 1, dtype=torch.float32) for _ in range(3)),
+        ]
     for t in tensors:
         td.broadcast(t, src=0, group=dist.group)
     full = Rows(*tensors)
@@ -101,5 +107,8 @@ def exchange(dist: Dist, rows: Rows | None, totals: tuple[float, float] = (0.0, 
 
 
 def empty_rows() -> Rows:
-    return Rows(torch.zeros(0, 2, dtype=torch.int64), torch.zeros(0, dtype=torch.int64),
-                *(torch.zeros(0, 1) for _ in range(3)))
+    return Rows(
+        torch.zeros(0, 2, dtype=torch.int64),
+        torch.zeros(0, dtype=torch.int64),
+        *(torch.zeros(0, 1) for _ in range(3)),
+    )

@@ -51,18 +51,29 @@ from trainer import sharding
 from trainer.losses import LossSettings, log_ratio, m2po_cut, policy_loss, token_logprobs
 
 #: Sums reduced over micro-batches and ranks (order matters: they travel as one tensor).
-STAT_KEYS = ("tokens", "loss", "loss.pg", "loss.kl", "clipped", "is_weight", "mismatch.abs", "mismatch.kl",
-             "kl_ref", "entropy", "outside")
+STAT_KEYS = (
+    "tokens",
+    "loss",
+    "loss.pg",
+    "loss.kl",
+    "clipped",
+    "is_weight",
+    "mismatch.abs",
+    "mismatch.kl",
+    "kl_ref",
+    "entropy",
+    "outside",
+)
 
 
 @dataclass
 class Rows:
     """A padded batch; per-token fields are aligned to the predicted tokens (length L - 1)."""
 
-    tokens: torch.Tensor      # int64 [N, L]
-    lengths: torch.Tensor     # int64 [N]
-    mask: torch.Tensor        # float32 [N, L-1]
-    behaviour: torch.Tensor   # float32 [N, L-1]
+    tokens: torch.Tensor  # int64 [N, L]
+    lengths: torch.Tensor  # int64 [N]
+    mask: torch.Tensor  # float32 [N, L-1]
+    behaviour: torch.Tensor  # float32 [N, L-1]
     advantages: torch.Tensor  # float32 [N, L-1]
 
     def __len__(self) -> int:
@@ -71,8 +82,13 @@ class Rows:
     def select(self, index: torch.Tensor) -> Rows:
         """Rows `index`, trimmed to their longest sequence."""
         length = max(int(self.lengths[index].max()), 2) if len(index) else 2
-        return Rows(self.tokens[index, :length], self.lengths[index], self.mask[index, : length - 1],
-                    self.behaviour[index, : length - 1], self.advantages[index, : length - 1])
+        return Rows(
+            self.tokens[index, :length],
+            self.lengths[index],
+            self.mask[index, : length - 1],
+            self.behaviour[index, : length - 1],
+            self.advantages[index, : length - 1],
+        )
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.tokens, self.lengths, self.mask, self.behaviour, self.advantages]
@@ -87,8 +103,13 @@ def collate(samples: list[Sample], pad_id: int) -> Rows:
         k = len(s.tokens)
         tokens[i, :k], lengths[i] = s.tokens, k
         mask[i, :k], behaviour[i, :k], adv[i, :k] = s.loss_mask, s.logprobs, s.advantages
-    return Rows(torch.from_numpy(tokens), torch.from_numpy(lengths), torch.from_numpy(mask[:, 1:]).contiguous(),
-                torch.from_numpy(behaviour[:, 1:]).contiguous(), torch.from_numpy(adv[:, 1:]).contiguous())
+    return Rows(
+        torch.from_numpy(tokens),
+        torch.from_numpy(lengths),
+        torch.from_numpy(mask[:, 1:]).contiguous(),
+        torch.from_numpy(behaviour[:, 1:]).contiguous(),
+        torch.from_numpy(adv[:, 1:]).contiguous(),
+    )
 
 
 def _logits(model: Any, tokens: torch.Tensor) -> torch.Tensor:
@@ -118,31 +139,55 @@ def micro_batches(rows: Rows, max_tokens: int) -> list[Rows]:
 
 def loss_settings(cfg: TrainerConfig) -> LossSettings:
     loss = cfg.loss
-    return LossSettings(clip_low=loss.clip_low, clip_high=loss.clip_high, dual_clip=loss.dual_clip,
-                        tis_cap=loss.tis_cap, aggregation=loss.aggregation, kl_coef=loss.kl_coef,
-                        entropy_coef=loss.entropy_coef, policy_loss=loss.policy_loss,
-                        log_ratio_clamp=loss.log_ratio_clamp, m2_threshold=loss.m2_threshold,
-                        norm_length=loss.norm_length, kl_estimator=loss.kl_estimator, kl_in=loss.kl_in)
+    return LossSettings(
+        clip_low=loss.clip_low,
+        clip_high=loss.clip_high,
+        dual_clip=loss.dual_clip,
+        tis_cap=loss.tis_cap,
+        aggregation=loss.aggregation,
+        kl_coef=loss.kl_coef,
+        entropy_coef=loss.entropy_coef,
+        policy_loss=loss.policy_loss,
+        log_ratio_clamp=loss.log_ratio_clamp,
+        m2_threshold=loss.m2_threshold,
+        norm_length=loss.norm_length,
+        kl_estimator=loss.kl_estimator,
+        kl_in=loss.kl_in,
+    )
 
 
-def make_optimizer(params: list[torch.nn.Parameter], cfg: TrainerConfig, sharded: bool = False) -> torch.optim.AdamW:
+def make_optimizer(
+    params: list[torch.nn.Parameter], cfg: TrainerConfig, sharded: bool = False
+) -> torch.optim.AdamW:
     """AdamW as `cfg` says, fused (each parameter's whole update in one kernel, as TRL's default
     `adamw_torch_fused`) where torch fuses it: the arithmetic recipe's CPU step 42.5 -> 39.5 ms, the
     per-parameter loop having dispatched ~8 small ops per tensor. FSDP's sharded (DTensor)
     parameters take the multi-tensor `foreach` form instead. The same update either way, up to
     the rounding of the operations' order."""
     fusable = not sharded and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
-    kwargs: dict[str, Any] = {"lr": cfg.lr, "betas": cfg.betas, "eps": cfg.eps, "weight_decay": cfg.weight_decay,
-                              "fused" if fusable else "foreach": True}
+    kwargs: dict[str, Any] = {
+        "lr": cfg.lr,
+        "betas": cfg.betas,
+        "eps": cfg.eps,
+        "weight_decay": cfg.weight_decay,
+        "fused" if fusable else "foreach": True,
+    }
     return torch.optim.AdamW(params, **kwargs)
 
 
 class Engine:
     """Model, optional frozen reference, AdamW, and the step."""
 
-    def __init__(self, model: torch.nn.Module, cfg: TrainerConfig, device: torch.device,
-                 ref_model: torch.nn.Module | None = None, distributed: bool = False, pad_id: int = 0,
-                 sampling: SamplingSettings | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cfg: TrainerConfig,
+        device: torch.device,
+        ref_model: torch.nn.Module | None = None,
+        distributed: bool = False,
+        pad_id: int = 0,
+        sampling: SamplingSettings | None = None,
+    ) -> None:
         self.cfg = cfg
         #: the behaviour distribution's settings: pass SamplingSettings.of(recipe.worker)
         self.sampling = sampling or SamplingSettings()
@@ -161,13 +206,16 @@ class Engine:
         self._steps = 0
         if self.sharded:
             if torch.distributed.get_rank() == 0:
-                self._initial_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+                self._initial_state = {
+                    k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()
+                }
             sharding.shard(self.model)  # in place: the model is its own wrapper
         elif distributed:
             from torch.nn.parallel import DistributedDataParallel
 
             self.wrapped = DistributedDataParallel(
-                self.model, device_ids=[device.index] if device.type == "cuda" else None)
+                self.model, device_ids=[device.index] if device.type == "cuda" else None
+            )
         self.optimizer = make_optimizer(list(self.model.parameters()), cfg, sharded=self.sharded)
         self.settings = loss_settings(cfg)
         #: the workers run weights published in cfg.weights_dtype (True from version 1 on; the service
@@ -204,7 +252,10 @@ class Engine:
     @contextlib.contextmanager
     def _published_weights(self) -> Iterator[None]:
         """Inside: the parameters hold the values the workers run (rounded to weights_dtype)."""
-        if not (self.serving_published and self.cfg.score_published_weights) or self.cfg.weights_dtype == "float32":
+        if (
+            not (self.serving_published and self.cfg.score_published_weights)
+            or self.cfg.weights_dtype == "float32"
+        ):
             yield
             return
         dtype = getattr(torch, self.cfg.weights_dtype)
@@ -231,13 +282,19 @@ class Engine:
             group["lr"] = lr
         settings = replace(self.settings, entropy_coef=self.entropy_coef_at(step))
         if not len(rows):  # a rank without rows still joins the gradient all-reduce, with zeros
-            rows = Rows(torch.full((1, 2), self.pad_id), torch.tensor([2]), *(torch.zeros(1, 1) for _ in range(3)))
+            rows = Rows(
+                torch.full((1, 2), self.pad_id), torch.tensor([2]), *(torch.zeros(1, 1) for _ in range(3))
+            )
         parts = micro_batches(rows, self.cfg.micro_batch_tokens)
         if self.sharded:  # every pass all-gathers: every rank must run as many
             count = torch.tensor([len(parts)])
             torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
-            parts += [Rows(torch.full((1, 2), self.pad_id), torch.tensor([2]), *(torch.zeros(1, 1) for _ in range(3)))
-                      for _ in range(int(count) - len(parts))]
+            parts += [
+                Rows(
+                    torch.full((1, 2), self.pad_id), torch.tensor([2]), *(torch.zeros(1, 1) for _ in range(3))
+                )
+                for _ in range(int(count) - len(parts))
+            ]
         keeps: list[torch.Tensor | None] = [None] * len(parts)
         m2po: dict[str, float] = {}
         sums = dict.fromkeys(STAT_KEYS, 0.0)
@@ -256,7 +313,9 @@ class Engine:
                     for k, v in self._micro_step(mb, settings, num_tokens, num_seqs, keeps[i]).items():
                         sums[k] += v
         params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = sharding.full_tensor(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm or float("inf")))
+        norm = sharding.full_tensor(
+            torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm or float("inf"))
+        )
         self.optimizer.step()
         self._steps += 1
         self._initial_state = None
@@ -266,15 +325,26 @@ class Engine:
         total = dict(zip(STAT_KEYS, stats.tolist(), strict=True))
         tokens = max(total["tokens"], 1.0)
         elapsed = time.perf_counter() - start
-        out = {"loss": total["loss"], "loss.pg": total["loss.pg"], "clip_fraction": total["clipped"] / tokens,
-               "entropy": total["entropy"] / tokens, "mismatch.abs": total["mismatch.abs"] / tokens,
-               "mismatch.kl": total["mismatch.kl"] / tokens, "is_weight.mean": total["is_weight"] / tokens,
-               "grad_norm": float(norm), "lr": lr, "entropy_coef": settings.entropy_coef,
-               "loss_tokens": total["tokens"], "step_s": elapsed,
-               "outside_support": total["outside"] / max(total["tokens"] + total["outside"], 1.0)}
+        out = {
+            "loss": total["loss"],
+            "loss.pg": total["loss.pg"],
+            "clip_fraction": total["clipped"] / tokens,
+            "entropy": total["entropy"] / tokens,
+            "mismatch.abs": total["mismatch.abs"] / tokens,
+            "mismatch.kl": total["mismatch.kl"] / tokens,
+            "is_weight.mean": total["is_weight"] / tokens,
+            "grad_norm": float(norm),
+            "lr": lr,
+            "entropy_coef": settings.entropy_coef,
+            "loss_tokens": total["tokens"],
+            "step_s": elapsed,
+            "outside_support": total["outside"] / max(total["tokens"] + total["outside"], 1.0),
+        }
         target = self.cfg.loss.entropy_target
         if target is not None and total["tokens"] > 0:  # every rank holds the same batch-wide entropy
-            coef = max(0.0, settings.entropy_coef + self.cfg.loss.entropy_adapt_rate * (target - out["entropy"]))
+            coef = max(
+                0.0, settings.entropy_coef + self.cfg.loss.entropy_adapt_rate * (target - out["entropy"])
+            )
             for group in self.optimizer.param_groups:
                 group["entropy_coef"] = coef
         if self.ref_model is not None:
@@ -282,7 +352,9 @@ class Engine:
             out["loss.kl"] = total["loss.kl"]
         return out | m2po
 
-    def m2po_masks(self, parts: list[Rows], settings: LossSettings) -> tuple[list[torch.Tensor], dict[str, float]]:
+    def m2po_masks(
+        self, parts: list[Rows], settings: LossSettings
+    ) -> tuple[list[torch.Tensor], dict[str, float]]:
         """M2PO's keep-mask of each micro-batch, cut on the squared log-ratios of the whole batch
         (every micro-batch of every rank), and its batch-wide metrics: `m2po.m2` (the second moment
         before masking), `m2po.m2_kept` (after) and `m2po.masked_fraction`."""
@@ -301,9 +373,11 @@ class Engine:
         keeps = [mb.mask.to(self.device).bool() & (sq < cut) for mb, sq in zip(parts, squares, strict=True)]
         kept = values[values < cut].double()
         n = max(values.numel(), 1)
-        return keeps, {"m2po.m2": float(values.double().sum()) / n,
-                       "m2po.m2_kept": float(kept.mean()) if kept.numel() else 0.0,
-                       "m2po.masked_fraction": 1.0 - kept.numel() / n if values.numel() else 0.0}
+        return keeps, {
+            "m2po.m2": float(values.double().sum()) / n,
+            "m2po.m2_kept": float(kept.mean()) if kept.numel() else 0.0,
+            "m2po.masked_fraction": 1.0 - kept.numel() / n if values.numel() else 0.0,
+        }
 
     def _gather(self, local: torch.Tensor) -> torch.Tensor:
         """The 1-D tensors of every rank, concatenated (ranks may hold different counts)."""
@@ -320,8 +394,14 @@ class Engine:
         dist.all_gather(pieces, padded)
         return torch.cat([p[: int(c)] for p, c in zip(pieces, counts, strict=True)])
 
-    def _micro_step(self, mb: Rows, settings: LossSettings, num_tokens: float, num_seqs: float,
-                    m2po_keep: torch.Tensor | None = None) -> dict[str, float]:
+    def _micro_step(
+        self,
+        mb: Rows,
+        settings: LossSettings,
+        num_tokens: float,
+        num_seqs: float,
+        m2po_keep: torch.Tensor | None = None,
+    ) -> dict[str, float]:
         tokens = mb.tokens.to(self.device)
         with self._autocast():
             logits = _logits(self.wrapped, tokens)
@@ -340,9 +420,17 @@ class Engine:
                 ref_logits = _logits(self.ref_model, tokens)
             ref_logp = token_logprobs(ref_logits, tokens, self.sampling, with_entropy=False)[0]
         loss, stats = policy_loss(
-            logp, mb.behaviour.to(self.device), mb.advantages.to(self.device), mask,
-            settings, entropy=entropy, ref_logp=ref_logp, num_tokens=num_tokens, num_seqs=num_seqs,
-            m2po_keep=m2po_keep)
+            logp,
+            mb.behaviour.to(self.device),
+            mb.advantages.to(self.device),
+            mask,
+            settings,
+            entropy=entropy,
+            ref_logp=ref_logp,
+            num_tokens=num_tokens,
+            num_seqs=num_seqs,
+            m2po_keep=m2po_keep,
+        )
         (loss * self.world).backward()
         stats["outside"] = float(outside.sum())
         return {k: v for k, v in stats.items() if k in STAT_KEYS}
@@ -363,8 +451,10 @@ class Engine:
         if not self.sharded:
             return self.model.state_dict()
         if self._initial_state is None:
-            raise AstraFlowError("under FSDP the weights after a step are gathered by Engine.full_state() "
-                                 "on every rank; state_dict() only gives rank 0 the weights as loaded")
+            raise AstraFlowError(
+                "under FSDP the weights after a step are gathered by Engine.full_state() "
+                "on every rank; state_dict() only gives rank 0 the weights as loaded"
+            )
         return self._initial_state
 
     def full_state(self) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any] | None]:
@@ -373,7 +463,9 @@ class Engine:
         other ranks, and a collective that every rank must call at the same point."""
         if not self.sharded:
             return self.model.state_dict(), self.optimizer.state_dict()
-        return sharding.full_model_state(self.model), sharding.full_optimizer_state(self.model, self.optimizer)
+        return sharding.full_model_state(self.model), sharding.full_optimizer_state(
+            self.model, self.optimizer
+        )
 
     def load_optimizer(self, state: dict[str, Any]) -> None:
         """Restore an index-keyed optimiser state dict (from a DDP or an FSDP checkpoint alike)."""

@@ -30,8 +30,14 @@ PARTITION_CHECK_S = 30.0
 
 
 class SampleIntake:
-    def __init__(self, settings: KafkaSettings, policy: str, buffer: GroupBuffer, dead: DeadLetters,
-                 policies: frozenset[str]) -> None:
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        policy: str,
+        buffer: GroupBuffer,
+        dead: DeadLetters,
+        policies: frozenset[str],
+    ) -> None:
         from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
         self.buffer, self.dead, self.policies = buffer, dead, policies
@@ -43,8 +49,9 @@ class SampleIntake:
         offsets = buffer.offsets()
         self.partitions = sorted(self.reader.end_offsets(self.topic))
         self.check_retention(offsets)
-        self.consumer.assign([TopicPartition(self.topic, p, offsets.get(p, OFFSET_BEGINNING))
-                              for p in self.partitions])
+        self.consumer.assign(
+            [TopicPartition(self.topic, p, offsets.get(p, OFFSET_BEGINNING)) for p in self.partitions]
+        )
         self.partition_check = time.monotonic()
 
     def check_retention(self, offsets: dict[int, int]) -> None:
@@ -73,8 +80,12 @@ class SampleIntake:
         try:
             found = partitions_of(self.consumer, self.topic, timeout=5)
         except KafkaException as exc:
-            log.warning("%s: no metadata to look for new partitions (%s); trying again in %.0f s",
-                        self.topic, exc, PARTITION_CHECK_S)
+            log.warning(
+                "%s: no metadata to look for new partitions (%s); trying again in %.0f s",
+                self.topic,
+                exc,
+                PARTITION_CHECK_S,
+            )
             return
         new = sorted(set(found) - set(self.partitions))
         if new:
@@ -115,8 +126,9 @@ class SampleIntake:
         if offsets is None:
             return
         try:
-            self.consumer.commit(offsets=[TopicPartition(self.topic, int(p), o) for p, o in offsets.items()],
-                                 asynchronous=True)
+            self.consumer.commit(
+                offsets=[TopicPartition(self.topic, int(p), o) for p, o in offsets.items()], asynchronous=True
+            )
         except KafkaException as exc:
             log.info("offset commit (informational) failed: %s", exc)
 

@@ -28,16 +28,22 @@ class PolicyVersions:
         self.versions: dict[str, int] = dict.fromkeys(self.others, -1)
         # a private group id: this consumer only reads (assign + no commits), never joins a group
         group = f"trainer.{policy}.lockstep.{uuid.uuid4().hex[:8]}"
-        self.reader = TopicReader(settings, ["weights"], group=group, from_beginning=True,
-                                  **{"enable.auto.commit": False})
+        self.reader = TopicReader(
+            settings, ["weights"], group=group, from_beginning=True, **{"enable.auto.commit": False}
+        )
 
     def poll(self) -> None:
         for msg in self.reader.consume(500, timeout=0.05):
             try:
                 event = verify(decode(msg.value() or b"", WeightVersion))
             except RecordError as exc:  # the weights topic is the trainers' own: log, do not stop
-                log.warning("unreadable weights event at %s[%d]@%d: %s", msg.topic(), msg.partition(),
-                            msg.offset(), exc)
+                log.warning(
+                    "unreadable weights event at %s[%d]@%d: %s",
+                    msg.topic(),
+                    msg.partition(),
+                    msg.offset(),
+                    exc,
+                )
                 continue
             if event.policy in self.versions:
                 self.versions[event.policy] = max(self.versions[event.policy], event.version)

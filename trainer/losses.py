@@ -69,8 +69,13 @@ class LossSettings:
     kl_in: KLIn = "loss"
 
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, sampling: SamplingSettings | None = None,
-                   with_entropy: bool = True, entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_logprobs(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    sampling: SamplingSettings | None = None,
+    with_entropy: bool = True,
+    entropy_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of tokens[:, 1:] under logits[:, :-1] in the workers' sampling distribution
     (`astraflow.sampling`: temperature, top-p, top-k, the very function the torch engine samples
     with) and, optionally, the entropy of each of those distributions (without a graph unless
@@ -95,10 +100,17 @@ def log_ratio(logp: torch.Tensor, behaviour_logp: torch.Tensor, clamp: float) ->
     return torch.clamp(logp - behaviour_logp, -clamp, clamp)
 
 
-def clipped_pg_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: torch.Tensor, *,
-                    clip_low: float, clip_high: float, dual_clip: float | None = None,
-                    tis_cap: float | None = None,
-                    log_ratio_clamp: float = 20.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def clipped_pg_loss(
+    logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None = None,
+    tis_cap: float | None = None,
+    log_ratio_clamp: float = 20.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token clipped surrogate loss (to minimise).
 
     Returns (loss, clipped, is_weight): `clipped` marks tokens whose gradient the clip (or dual
@@ -109,7 +121,9 @@ def clipped_pg_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages
         is_weight = torch.ones_like(logp)
     else:
         ratio = torch.exp(logp - logp.detach())  # == 1, with the gradient of log pi
-        is_weight = torch.clamp(torch.exp(log_ratio(logp.detach(), behaviour_logp, log_ratio_clamp)), max=tis_cap)
+        is_weight = torch.clamp(
+            torch.exp(log_ratio(logp.detach(), behaviour_logp, log_ratio_clamp)), max=tis_cap
+        )
     unclipped = -advantages * ratio
     clipped_obj = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     loss = torch.maximum(unclipped, clipped_obj)
@@ -122,9 +136,16 @@ def clipped_pg_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages
     return loss * is_weight, clipped, is_weight
 
 
-def gspo_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
-              clip_low: float, clip_high: float,
-              log_ratio_clamp: float = 20.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def gspo_loss(
+    logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    log_ratio_clamp: float = 20.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """GSPO's sequence-level clipped surrogate, per token (to minimise).
 
     s_i = exp(mean over sequence i's loss tokens of log pi - log mu) is the one ratio of the
@@ -146,9 +167,15 @@ def gspo_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: torc
     return torch.maximum(unclipped, clipped_obj), clipped_obj > unclipped, seq_ratio
 
 
-def cispo_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: torch.Tensor, *,
-               clip_low: float, clip_high: float,
-               log_ratio_clamp: float = 20.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def cispo_loss(
+    logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    log_ratio_clamp: float = 20.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """CISPO's per-token loss -sg(w) * A * log pi, w = clip(pi / mu, 1 - clip_low, 1 + clip_high).
 
     Unlike PPO's clip, which zeroes the gradient of a token whose ratio left the range, CISPO keeps
@@ -188,8 +215,14 @@ def m2po_cut(sq_log_ratios: torch.Tensor, threshold: float) -> float:
     return float(ordered[masked - 1])
 
 
-def m2po_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: torch.Tensor, keep: torch.Tensor, *,
-              log_ratio_clamp: float = 20.0) -> torch.Tensor:
+def m2po_loss(
+    logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    keep: torch.Tensor,
+    *,
+    log_ratio_clamp: float = 20.0,
+) -> torch.Tensor:
     """M2PO's per-token loss -M * A * pi/mu: the tokens the second-moment mask `keep`s have their
     plain, unclipped ratio; the masked ones contribute nothing. The mean stays over *all* loss
     tokens (the paper's 1 / sum |o_i|), so masking shrinks the step rather than reweighting the rest."""
@@ -197,8 +230,9 @@ def m2po_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: torc
     return torch.where(keep.bool(), -advantages * ratio, torch.zeros_like(ratio))
 
 
-def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimator = "k3",
-                clamp: float = 20.0) -> torch.Tensor:
+def kl_estimate(
+    logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimator = "k3", clamp: float = 20.0
+) -> torch.Tensor:
     """Per-token estimate of KL(pi || ref) from tokens sampled from pi (Schulman, "Approximating KL
     divergence", 2020), with d = log pi - log ref (clamped to +-`clamp`):
 
@@ -229,8 +263,15 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return kl_estimate(logp, ref_logp, "k3")
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, *, num_tokens: float | None = None,
-              num_seqs: float | None = None, norm_length: float | None = None) -> torch.Tensor:
+def aggregate(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    *,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    norm_length: float | None = None,
+) -> torch.Tensor:
     """Average `per_token` over the loss tokens (`mask`):
 
     - `token-mean` (alias `token`): sum / loss tokens;
@@ -257,39 +298,79 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, *, num_tok
         if norm_length is None:
             raise ValueError("aggregation 'constant' needs norm_length")
         return total.sum() / (max(seqs, 1.0) * norm_length)
-    raise ValueError(f"unknown aggregation {mode!r}; known: {', '.join(AGGREGATIONS)} "
-                     f"(aliases: {', '.join(AGGREGATION_ALIASES)})")
+    raise ValueError(
+        f"unknown aggregation {mode!r}; known: {', '.join(AGGREGATIONS)} "
+        f"(aliases: {', '.join(AGGREGATION_ALIASES)})"
+    )
 
 
-def _surrogate(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-               settings: LossSettings,
-               m2po_keep: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _surrogate(
+    logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    settings: LossSettings,
+    m2po_keep: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     s, clamp = settings, settings.log_ratio_clamp
     if s.policy_loss == "ppo":
-        return clipped_pg_loss(logp, behaviour_logp, advantages, clip_low=s.clip_low, clip_high=s.clip_high,
-                               dual_clip=s.dual_clip, tis_cap=s.tis_cap, log_ratio_clamp=clamp)
+        return clipped_pg_loss(
+            logp,
+            behaviour_logp,
+            advantages,
+            clip_low=s.clip_low,
+            clip_high=s.clip_high,
+            dual_clip=s.dual_clip,
+            tis_cap=s.tis_cap,
+            log_ratio_clamp=clamp,
+        )
     ones = torch.ones_like(logp)
     if s.policy_loss == "gspo":
-        loss, clipped, _ = gspo_loss(logp, behaviour_logp, advantages, mask, clip_low=s.clip_low,
-                                     clip_high=s.clip_high, log_ratio_clamp=clamp)
+        loss, clipped, _ = gspo_loss(
+            logp,
+            behaviour_logp,
+            advantages,
+            mask,
+            clip_low=s.clip_low,
+            clip_high=s.clip_high,
+            log_ratio_clamp=clamp,
+        )
         return loss, clipped, ones
     if s.policy_loss == "cispo":
-        return cispo_loss(logp, behaviour_logp, advantages, clip_low=s.clip_low, clip_high=s.clip_high,
-                          log_ratio_clamp=clamp)
+        return cispo_loss(
+            logp,
+            behaviour_logp,
+            advantages,
+            clip_low=s.clip_low,
+            clip_high=s.clip_high,
+            log_ratio_clamp=clamp,
+        )
     if s.policy_loss == "m2po":
         if m2po_keep is None:  # this call sees the whole batch: its own tokens decide
             sq = log_ratio(logp.detach(), behaviour_logp, clamp) ** 2
             m2po_keep = mask.bool() & (sq < m2po_cut(sq[mask.bool()], s.m2_threshold))
         keep = m2po_keep.bool()
-        return m2po_loss(logp, behaviour_logp, advantages, keep, log_ratio_clamp=clamp), mask.bool() & ~keep, ones
+        return (
+            m2po_loss(logp, behaviour_logp, advantages, keep, log_ratio_clamp=clamp),
+            mask.bool() & ~keep,
+            ones,
+        )
     raise ValueError(f"unknown policy loss {s.policy_loss!r}; known: ppo, gspo, cispo, m2po")
 
 
-def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: torch.Tensor,
-                mask: torch.Tensor, settings: LossSettings, *, entropy: torch.Tensor | None = None,
-                ref_logp: torch.Tensor | None = None, num_tokens: float | None = None,
-                num_seqs: float | None = None,
-                m2po_keep: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def policy_loss(
+    logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    settings: LossSettings,
+    *,
+    entropy: torch.Tensor | None = None,
+    ref_logp: torch.Tensor | None = None,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    m2po_keep: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The trainer's loss for one (micro-)batch and the *sums* behind its metrics (sums add up over
     micro-batches and ranks; divide by `tokens` for means).
 
@@ -307,7 +388,9 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: to
         if settings.kl_in == "reward" and settings.kl_coef:
             advantages = advantages - settings.kl_coef * kl.detach()
     pg, clipped, is_weight = _surrogate(logp, behaviour_logp, advantages, mask, settings, m2po_keep)
-    agg = dict(mode=settings.aggregation, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=settings.norm_length)
+    agg = dict(
+        mode=settings.aggregation, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=settings.norm_length
+    )
     pg_loss = aggregate(pg, mask, **agg)  # type: ignore[arg-type]
     loss = pg_loss
     m = mask.bool()

@@ -21,11 +21,15 @@ def gaps(saved: dict[int, int], lows: dict[int, int]) -> dict[int, tuple[int, in
 def low_watermarks(consumer: Any, topic: str, partitions: list[int], timeout: float = 15.0) -> dict[int, int]:
     from confluent_kafka import TopicPartition
 
-    return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[0] for p in partitions}
+    return {
+        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[0] for p in partitions
+    }
 
 
 def describe(topic: str, found: dict[int, tuple[int, int]]) -> str:
     lost = sum(low - off for off, low in found.values())
     where = ", ".join(f"partition {p}: offsets {off}..{low - 1}" for p, (off, low) in found.items())
-    return (f"{topic}: {lost} samples past the checkpoint were deleted by retention before this trainer "
-            f"read them ({where}); it resumes at the earliest offsets left")
+    return (
+        f"{topic}: {lost} samples past the checkpoint were deleted by retention before this trainer "
+        f"read them ({where}); it resumes at the earliest offsets left"
+    )

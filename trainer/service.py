@@ -91,8 +91,14 @@ def pick_device(name: str, local_rank: int) -> torch.device:
 class Trainer:
     """One policy's trainer process (one rank of it under torchrun)."""
 
-    def __init__(self, recipe: Recipe, policy: str, run_dir: str | Path | None = None,
-                 settings: KafkaSettings | None = None, max_steps: int | None = None) -> None:
+    def __init__(
+        self,
+        recipe: Recipe,
+        policy: str,
+        run_dir: str | Path | None = None,
+        settings: KafkaSettings | None = None,
+        max_steps: int | None = None,
+    ) -> None:
         self.recipe, self.policy, self.cfg = recipe, policy, recipe.trainer
         recipe.model_for(policy)  # unknown policy: ConfigError now
         self.run_dir = run_dir_of(recipe, run_dir)
@@ -130,8 +136,15 @@ class Trainer:
         self.resumed_from = latest
         model = load_model(latest or init_dir, dtype="float32")
         ref = load_model(init_dir, dtype="float32") if self.cfg.loss.kl_coef > 0 else None
-        self.engine = Engine(model, self.cfg, self.device, ref_model=ref, distributed=self.dist.enabled,
-                             pad_id=self.tokenizer.pad_token_id, sampling=SamplingSettings.of(self.recipe.worker))
+        self.engine = Engine(
+            model,
+            self.cfg,
+            self.device,
+            ref_model=ref,
+            distributed=self.dist.enabled,
+            pad_id=self.tokenizer.pad_token_id,
+            sampling=SamplingSettings.of(self.recipe.worker),
+        )
         if latest is not None:
             self.engine.load_optimizer(ckpt.read_optimizer(latest))
             state = ckpt.read_state(latest)
@@ -139,7 +152,9 @@ class Trainer:
             self.engine.serving_published = self.version >= 1
             self.batches, self.last_checkpoint = state["batches"], state["step"]
             self.buffer.restore(state["buffer"])
-            log.warning("%s: resumed from %s (step %d, version %d)", self.policy, latest, self.step, self.version)
+            log.warning(
+                "%s: resumed from %s (step %d, version %d)", self.policy, latest, self.step, self.version
+            )
 
     def _setup_leader(self) -> None:
         settings = self.settings
@@ -153,21 +168,30 @@ class Trainer:
         if cfg.serve_http:  # imported here: aiohttp would add ~0.14 s to every other trainer's start
             from astraflow.weights.server import WeightServer
 
-            self.server = WeightServer(store_root, cfg.http_host, cfg.http_port, advertise_host=cfg.advertise_host)
+            self.server = WeightServer(
+                store_root, cfg.http_host, cfg.http_port, advertise_host=cfg.advertise_host
+            )
             self.server.start()
-        self.store = WeightStore(store_root, self.policy, snapshot_every=cfg.snapshot_every,
-                                 keep_versions=cfg.store_versions(self.recipe.max_staleness),
-                                 compress_level=cfg.delta_compress_level(), dtype=cfg.weights_dtype,
-                                 base_uri=self.server.url if self.server else None)
+        self.store = WeightStore(
+            store_root,
+            self.policy,
+            snapshot_every=cfg.snapshot_every,
+            keep_versions=cfg.store_versions(self.recipe.max_staleness),
+            compress_level=cfg.delta_compress_level(),
+            dtype=cfg.weights_dtype,
+            base_uri=self.server.url if self.server else None,
+        )
         self._reconcile_store()
         self._truncate_ledger()
         self.publisher = Publisher(settings)
         self.dead = DeadLetters(self.publisher, "trainer")
-        self.metrics = MetricsReporter(self.publisher, "trainer", f"trainer.{self.policy}", settings.region,
-                                       every_s=cfg.metrics_every_s)
+        self.metrics = MetricsReporter(
+            self.publisher, "trainer", f"trainer.{self.policy}", settings.region, every_s=cfg.metrics_every_s
+        )
         self._announce()
-        self.intake = SampleIntake(settings, self.policy, self.buffer, self.dead,
-                                   frozenset(self.recipe.policy_names))
+        self.intake = SampleIntake(
+            settings, self.policy, self.buffer, self.dead, frozenset(self.recipe.policy_names)
+        )
         self.topic = self.intake.topic
         self.lockstep = None
         if cfg.lockstep and len(self.recipe.policies) > 1:
@@ -186,12 +210,21 @@ class Trainer:
             self.store.publish(self.engine.state_dict(), 0, step=0)
             return
         if latest is None or latest < self.version:
-            raise TrainerError(f"{self.policy}: the weight store at {self.store.root} lacks version {self.version} "
-                               "that the checkpoint says was published; restore the store or the run directory")
+            raise TrainerError(
+                f"{self.policy}: the weight store at {self.store.root} lacks version {self.version} "
+                "that the checkpoint says was published; restore the store or the run directory"
+            )
         self.buffer.lose_versions(self.version, latest)
-        log.warning("%s: resumed at version %d but the store holds up to %d: versions %d..%d are lost "
-                    "(their samples are dropped as stale); publishing the resumed weights as %d",
-                    self.policy, self.version, latest, self.version + 1, latest, latest + 1)
+        log.warning(
+            "%s: resumed at version %d but the store holds up to %d: versions %d..%d are lost "
+            "(their samples are dropped as stale); publishing the resumed weights as %d",
+            self.policy,
+            self.version,
+            latest,
+            self.version + 1,
+            latest,
+            latest + 1,
+        )
         self.version = latest + 1
         self.store.publish(self.engine.state_dict(), self.version, step=self.step)
 
@@ -212,8 +245,14 @@ class Trainer:
                     self.wait_s += time.monotonic() - started
                 if distributed.agree_stop(self.dist, self.stop_requested or self._done()):
                     break
-                rows = collate(batch.samples, self.tokenizer.pad_token_id) if batch and batch.samples else None
-                totals = (float(rows.mask.sum()), float((rows.mask.sum(-1) > 0).sum())) if rows is not None else (0., 0.)
+                rows = (
+                    collate(batch.samples, self.tokenizer.pad_token_id) if batch and batch.samples else None
+                )
+                totals = (
+                    (float(rows.mask.sum()), float((rows.mask.sum(-1) > 0).sum()))
+                    if rows is not None
+                    else (0.0, 0.0)
+                )
                 mine, num_tokens, num_seqs, _ = distributed.exchange(self.dist, rows, totals, self.step + 1)
                 if mine is not None:
                     self._train(batch, mine, num_tokens, num_seqs)
@@ -245,8 +284,9 @@ class Trainer:
         return batch if batch is not None else self._take()
 
     def _take(self) -> Batch | None:
-        return self.buffer.take(self.cfg.batch_groups, self.cfg.batch_tokens, self.version,
-                                self.recipe.max_staleness)
+        return self.buffer.take(
+            self.cfg.batch_groups, self.cfg.batch_tokens, self.version, self.recipe.max_staleness
+        )
 
     def _train(self, batch: Batch | None, rows: Any, num_tokens: float, num_seqs: float) -> None:
         self.step += 1
@@ -272,22 +312,44 @@ class Trainer:
         self.buffer.done(batch, self.step)
         self.batches += 1
         with open(self.home / "trained.jsonl", "a") as fh:  # the audit ledger (see _truncate_ledger)
-            fh.write(json.dumps({"batch": self.batches, "step": self.step, "version": self.version,
-                                 "trained": bool(stats), "groups": batch.group_ids,
-                                 "formed": batch.formed_at, "time": time.time(),
-                                 "samples": len(batch.samples), "stale": len(batch.stale)}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "batch": self.batches,
+                        "step": self.step,
+                        "version": self.version,
+                        "trained": bool(stats),
+                        "groups": batch.group_ids,
+                        "formed": batch.formed_at,
+                        "time": time.time(),
+                        "samples": len(batch.samples),
+                        "stale": len(batch.stale),
+                    }
+                )
+                + "\n"
+            )
         lags = Counter(batch.lags)
         # Rewards of everything the batch's groups rolled out (stale samples included: they show the
         # behaviour policy); with a zero-variance filter upstream this over-represents mixed groups.
         rewards = [s.reward for s in (*batch.samples, *batch.stale)]
         if rewards:
             stats["reward.mean"] = sum(rewards) / len(rewards)
-            stats["reward.success"] = sum(r >= self.cfg.success_threshold - 1e-9 for r in rewards) / len(rewards)
-        values = {**stats, "step": self.step, "version": self.version, "batch.groups": len(batch.groups),
-                  "batch.samples": len(batch.samples), "batch.tokens": batch.tokens,
-                  "staleness.dropped": len(batch.stale),
-                  "staleness.mean": sum(batch.lags) / len(batch.lags) if batch.lags else 0.0,
-                  "deadletter": self.dead.count, "wait_s": self.wait_s, **{k: float(v) for k, v in self.buffer.counts.items()}}
+            stats["reward.success"] = sum(r >= self.cfg.success_threshold - 1e-9 for r in rewards) / len(
+                rewards
+            )
+        values = {
+            **stats,
+            "step": self.step,
+            "version": self.version,
+            "batch.groups": len(batch.groups),
+            "batch.samples": len(batch.samples),
+            "batch.tokens": batch.tokens,
+            "staleness.dropped": len(batch.stale),
+            "staleness.mean": sum(batch.lags) / len(batch.lags) if batch.lags else 0.0,
+            "deadletter": self.dead.count,
+            "wait_s": self.wait_s,
+            **{k: float(v) for k, v in self.buffer.counts.items()},
+        }
         top = min(self.recipe.max_staleness, STALENESS_BUCKETS - 1)
         values.update({f"staleness.lag.{k}": float(lags.get(k, 0)) for k in range(top + 1)})
         if self.recipe.max_staleness > top:
@@ -332,9 +394,15 @@ class Trainer:
         trained groups too, which grows with the run; copying it at every step cost 3% of the
         trainer's CPU by step 400)."""
         buffer = self.buffer.state() if optimizer else {"counts": dict(self.buffer.counts)}
-        state: dict[str, Any] = {"policy": self.policy, "version": version, "batches": self.batches,
-                                 "time": time.time(), "host": socket.gethostname(), "topic": self.topic,
-                                 "buffer": buffer}
+        state: dict[str, Any] = {
+            "policy": self.policy,
+            "version": version,
+            "batches": self.batches,
+            "time": time.time(),
+            "host": socket.gethostname(),
+            "topic": self.topic,
+            "buffer": buffer,
+        }
         model_state, optimizer_state = self.engine.full_state()
         return ckpt.snapshot(self.step, model_state, optimizer_state if optimizer else None, state)
 
@@ -351,10 +419,16 @@ class Trainer:
 
     def _write_checkpoint(self, snap: ckpt.Snapshot) -> None:
         self.publisher.flush()  # the dead letters of offsets this checkpoint records are acknowledged
-        ckpt.save_checkpoint(self.home / "checkpoints", snap, self.engine.model, self.tokenizer,
-                             keep=self.cfg.keep_checkpoints,
-                             before_rename=lambda: failpoints.hit(failpoints.TRAINER_ENV, "mid_checkpoint",
-                                                                  snap.step, self.home))
+        ckpt.save_checkpoint(
+            self.home / "checkpoints",
+            snap,
+            self.engine.model,
+            self.tokenizer,
+            keep=self.cfg.keep_checkpoints,
+            before_rename=lambda: failpoints.hit(
+                failpoints.TRAINER_ENV, "mid_checkpoint", snap.step, self.home
+            ),
+        )
         self.last_checkpoint = snap.step
         self.intake.uncommitted = snap.state["buffer"]["offsets"]  # the trainer's thread commits them
 
@@ -363,8 +437,11 @@ class Trainer:
         path = self.home / "trained.jsonl"
         self.home.mkdir(parents=True, exist_ok=True)
         if path.exists():
-            kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["batch"] <= self.batches]
+            kept = [
+                line
+                for line in path.read_text().splitlines()
+                if line.strip() and json.loads(line)["batch"] <= self.batches
+            ]
             path.write_text("".join(line + "\n" for line in kept))
 
     def _close(self, clean: bool) -> None:

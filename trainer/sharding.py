@@ -60,20 +60,29 @@ def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
     if torch.distributed.get_rank() != 0:
         return None
     index = {name: i for i, name in enumerate(_names(model))}
-    return {"state": {index[name]: value for name, value in named["state"].items()},
-            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in named["param_groups"]]}
+    return {
+        "state": {index[name]: value for name, value in named["state"].items()},
+        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in named["param_groups"]],
+    }
 
 
-def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+def load_full_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
     """Load an index-keyed full optimiser state dict (every rank passes the whole of it; each keeps
     its shard). Collective."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     names = _names(model)
-    named = {"state": {names[int(i)]: value for i, value in state["state"].items()},
-             "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]]}
-    set_optimizer_state_dict(model, optimizer, optim_state_dict=named,
-                             options=StateDictOptions(full_state_dict=True))
+    named = {
+        "state": {names[int(i)]: value for i, value in state["state"].items()},
+        "param_groups": [
+            {**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]
+        ],
+    }
+    set_optimizer_state_dict(
+        model, optimizer, optim_state_dict=named, options=StateDictOptions(full_state_dict=True)
+    )
 
 
 def full_tensor(value: torch.Tensor) -> torch.Tensor:

@@ -24,9 +24,10 @@ BATCH_BYTES = 1 << 20
 BATCH_WAIT_S = 2.0
 
 
-async def send_as_they_end(running: set[asyncio.Task[list[Trajectory]]],
-                           publish: Callable[[list[Trajectory]], list[asyncio.Future[None]]]
-                           ) -> list[asyncio.Future[None]]:
+async def send_as_they_end(
+    running: set[asyncio.Task[list[Trajectory]]],
+    publish: Callable[[list[Trajectory]], list[asyncio.Future[None]]],
+) -> list[asyncio.Future[None]]:
     """Send the trajectories of the `running` episodes with `publish` as they end; the broker's
     acknowledgements. Trajectories go together (one record per group), except that none waits more
     than BATCH_WAIT_S for the rest. Episodes still running when this ends (cancelled) are cancelled."""
@@ -49,10 +50,12 @@ async def send_as_they_end(running: set[asyncio.Task[list[Trajectory]]],
     return acks
 
 
-def send_batches(publisher: Publisher, loop: asyncio.AbstractEventLoop,
-                 trajs: list[Trajectory]) -> list[asyncio.Future[None]]:
+def send_batches(
+    publisher: Publisher, loop: asyncio.AbstractEventLoop, trajs: list[Trajectory]
+) -> list[asyncio.Future[None]]:
     """Send trajectories in as few records as fit (`batches`); a future per record, settled on
     `loop` by the broker's acknowledgement (or its refusal)."""
+
     def settle(fut: asyncio.Future[None], exc: Exception | None) -> None:
         if not fut.done():
             fut.set_result(None) if exc is None else fut.set_exception(exc)
@@ -60,11 +63,11 @@ def send_batches(publisher: Publisher, loop: asyncio.AbstractEventLoop,
     def on_delivery(fut: asyncio.Future[None]) -> Callable[[Exception | None], None]:
         def delivered(exc: Exception | None) -> None:  # on the producer's thread: settle on the loop
             loop.call_soon_threadsafe(settle, fut, exc)
+
         return delivered
 
     futures: list[asyncio.Future[None]] = []
     for batch in batches(trajs, BATCH_BYTES):
         futures.append(loop.create_future())
-        publisher.send("trajectories", batch, key=batch.group_id,
-                       on_delivery=on_delivery(futures[-1]))
+        publisher.send("trajectories", batch, key=batch.group_id, on_delivery=on_delivery(futures[-1]))
     return futures

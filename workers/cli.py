@@ -8,8 +8,10 @@ from typing import Annotated, Any
 import typer
 
 RunDir = Annotated[Path | None, typer.Option("--run-dir", help="Run directory (default: recipe.run.dir).")]
-Bootstrap = Annotated[str | None, typer.Option(help="Kafka bootstrap servers (default: recipe, "
-                                                    "ASTRAFLOW_BOOTSTRAP, or the local broker).")]
+Bootstrap = Annotated[
+    str | None,
+    typer.Option(help="Kafka bootstrap servers (default: recipe, ASTRAFLOW_BOOTSTRAP, or the local broker)."),
+]
 
 
 def _setup(recipe_path: Path, run_dir: Path | None, bootstrap: str | None) -> tuple[Any, Path, Any]:
@@ -45,14 +47,18 @@ def check_recipe(recipe: Any) -> None:
         if unknown:
             from astraflow.errors import ConfigError
 
-            raise ConfigError(f"feeder.roles names unknown policies {unknown}; the recipe has {recipe.policy_names}")
+            raise ConfigError(
+                f"feeder.roles names unknown policies {unknown}; the recipe has {recipe.policy_names}"
+            )
 
 
 def register(app: typer.Typer) -> None:
     @app.command("worker")
     def worker(
         recipe: Annotated[Path, typer.Option("--recipe", "-r", help="Recipe YAML.")],
-        region: Annotated[str | None, typer.Option(help="Region of this worker (default: ASTRAFLOW_REGION).")] = None,
+        region: Annotated[
+            str | None, typer.Option(help="Region of this worker (default: ASTRAFLOW_REGION).")
+        ] = None,
         id: Annotated[str | None, typer.Option("--id", help="Worker id (default: host and PID).")] = None,
         run_dir: RunDir = None,
         bootstrap: Bootstrap = None,
@@ -73,10 +79,14 @@ def register(app: typer.Typer) -> None:
     @app.command("feed")
     def feed(
         recipe: Annotated[Path, typer.Option("--recipe", "-r", help="Recipe YAML.")],
-        jsonl: Annotated[Path | None, typer.Option(help="Tasks from a JSONL file instead of the generator.")] = None,
+        jsonl: Annotated[
+            Path | None, typer.Option(help="Tasks from a JSONL file instead of the generator.")
+        ] = None,
         run_dir: RunDir = None,
         bootstrap: Bootstrap = None,
-        max_tasks: Annotated[int | None, typer.Option(help="Stop after this many tasks (overrides the recipe).")] = None,
+        max_tasks: Annotated[
+            int | None, typer.Option(help="Stop after this many tasks (overrides the recipe).")
+        ] = None,
     ) -> None:
         """Write tasks to the `tasks` topic, with admission control and selective rollout."""
         from astraflow.kafka import wait_for_topics

@@ -60,8 +60,10 @@ class Runtime:
         wf = self.workflow(env)
         missing = [r for r in wf.roles if r not in task.roles]
         if missing and not (len(wf.roles) == 1 and len(task.roles) == 1):
-            raise ConfigError(f"task {task.task_id}: workflow {wf.name!r} needs roles {list(wf.roles)}, "
-                              f"the task has {sorted(task.roles)}")
+            raise ConfigError(
+                f"task {task.task_id}: workflow {wf.name!r} needs roles {list(wf.roles)}, "
+                f"the task has {sorted(task.roles)}"
+            )
         return env, wf
 
     async def close(self) -> None:
@@ -69,38 +71,71 @@ class Runtime:
             await env.close()
 
 
-def _trajectory(task: Task, view: View, index: int, group_size: int, worker_id: str, region: str,
-                timings: dict[str, float]) -> Trajectory:
+def _trajectory(
+    task: Task,
+    view: View,
+    index: int,
+    group_size: int,
+    worker_id: str,
+    region: str,
+    timings: dict[str, float],
+) -> Trajectory:
     return Trajectory(
-        traj_id=traj_id(task.task_id, task.attempt, index), group_id=task.group_id, task_id=task.task_id,
-        env=task.env, policies=view.policies, tokens=np.asarray(view.tokens, np.int32),
-        owner=np.asarray(view.owner, np.int8), logprobs=np.asarray(view.logprobs, np.float32),
-        versions=np.asarray(view.versions, np.int32), rewards=dict(view.rewards),
-        finish_reason=view.finish_reason, error=view.error, group_size=group_size, sample_index=index,
-        attempt=task.attempt, worker_id=worker_id, region=region, timings=timings)
+        traj_id=traj_id(task.task_id, task.attempt, index),
+        group_id=task.group_id,
+        task_id=task.task_id,
+        env=task.env,
+        policies=view.policies,
+        tokens=np.asarray(view.tokens, np.int32),
+        owner=np.asarray(view.owner, np.int8),
+        logprobs=np.asarray(view.logprobs, np.float32),
+        versions=np.asarray(view.versions, np.int32),
+        rewards=dict(view.rewards),
+        finish_reason=view.finish_reason,
+        error=view.error,
+        group_size=group_size,
+        sample_index=index,
+        attempt=task.attempt,
+        worker_id=worker_id,
+        region=region,
+        timings=timings,
+    )
 
 
 def _error_views(task: Task, wf: Workflow, codec: Codec, error: str) -> list[View]:
     policies = policies_of(*task.roles.values())
     views = []
     for _ in range(wf.views):
-        v = View(policies=policies, rewards={p: 0.0 for p in policies}, finish_reason="error", error=error[:4000])
+        v = View(
+            policies=policies, rewards={p: 0.0 for p in policies}, finish_reason="error", error=error[:4000]
+        )
         v.add_env([codec.bos])
         views.append(v)
     return views
 
 
-async def run_episode(runtime: Runtime, task: Task, episode: int, engines: dict[str, Engine],
-                      worker_id: str, region: str) -> tuple[list[Trajectory], int]:
+async def run_episode(
+    runtime: Runtime, task: Task, episode: int, engines: dict[str, Engine], worker_id: str, region: str
+) -> tuple[list[Trajectory], int]:
     """Run episode `episode` of `task`; returns its trajectories and the tokens it generated."""
     env, wf = runtime.resolve(task)
     wcfg = runtime.recipe.worker
     seed = f"{task.task_id}#{task.attempt}#{episode}"
     latency = wcfg.tool_latency
-    ctx = EpisodeContext(task=task, sample_index=episode, env=env, codec=runtime.codec, engines=engines,
-                         temperature=wcfg.temperature, top_p=wcfg.top_p, top_k=wcfg.top_k, rng=random.Random(seed),
-                         step_delay=functools.partial(latency.draw, random.Random(f"{seed}#latency"))
-                         if latency.median_s > 0 else None)
+    ctx = EpisodeContext(
+        task=task,
+        sample_index=episode,
+        env=env,
+        codec=runtime.codec,
+        engines=engines,
+        temperature=wcfg.temperature,
+        top_p=wcfg.top_p,
+        top_k=wcfg.top_k,
+        rng=random.Random(seed),
+        step_delay=functools.partial(latency.draw, random.Random(f"{seed}#latency"))
+        if latency.median_s > 0
+        else None,
+    )
     start = time.time()
     try:
         views = await wf.run(ctx)

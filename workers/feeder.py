@@ -64,9 +64,16 @@ def generated_tasks(recipe: Recipe) -> Iterator[Task]:
     env = environment_class(cfg.env)(**cfg.env_args)
     roles = default_roles(recipe, cfg.env)
     for spec, attempt in env.tasks(cfg.seed):
-        yield Task(task_id=f"{cfg.env}-s{cfg.seed}-{spec.key}", env=cfg.env, roles=roles,
-                   group_size=cfg.group_size, prompt=spec.prompt, seed=spec.seed, payload=spec.payload,
-                   attempt=attempt)
+        yield Task(
+            task_id=f"{cfg.env}-s{cfg.seed}-{spec.key}",
+            env=cfg.env,
+            roles=roles,
+            group_size=cfg.group_size,
+            prompt=spec.prompt,
+            seed=spec.seed,
+            payload=spec.payload,
+            attempt=attempt,
+        )
 
 
 def jsonl_tasks(recipe: Recipe, path: Path, dead: DeadLetters | None = None) -> Iterator[Task]:
@@ -83,10 +90,16 @@ def jsonl_tasks(recipe: Recipe, path: Path, dead: DeadLetters | None = None) -> 
                     raise ValueError("expected a JSON object")
                 env = row.get("env", cfg.env)
                 environment_class(env)
-                task = Task(task_id=str(row.get("task_id") or f"{path.stem}-{lineno}"), env=env,
-                            roles=row.get("roles") or default_roles(recipe, env),
-                            group_size=int(row.get("group_size", cfg.group_size)), prompt=row.get("prompt"),
-                            seed=row.get("seed"), payload=row.get("payload", {}), attempt=int(row.get("attempt", 0)))
+                task = Task(
+                    task_id=str(row.get("task_id") or f"{path.stem}-{lineno}"),
+                    env=env,
+                    roles=row.get("roles") or default_roles(recipe, env),
+                    group_size=int(row.get("group_size", cfg.group_size)),
+                    prompt=row.get("prompt"),
+                    seed=row.get("seed"),
+                    payload=row.get("payload", {}),
+                    attempt=int(row.get("attempt", 0)),
+                )
                 task.validate(known)
             except (ValueError, TypeError, RecordError, ConfigError) as exc:
                 msg = f"{path}:{lineno}: {exc}"
@@ -98,7 +111,9 @@ def jsonl_tasks(recipe: Recipe, path: Path, dead: DeadLetters | None = None) -> 
 
 
 class Feeder:
-    def __init__(self, recipe: Recipe, run_dir: Path, settings: KafkaSettings, jsonl: Path | None = None) -> None:
+    def __init__(
+        self, recipe: Recipe, run_dir: Path, settings: KafkaSettings, jsonl: Path | None = None
+    ) -> None:
         self.recipe = recipe
         self.cfg = recipe.feeder
         self.run_dir = Path(run_dir)
@@ -122,8 +137,13 @@ class Feeder:
 
     def _open_readers(self) -> TopicReader:
         # task-stats feeds selective rollout and admission (groups streams dropped count as consumed)
-        reader = TopicReader(self.settings, ["weights", "task-stats"], from_beginning=True,
-                             group=f"feeder-reader-{uuid.uuid4().hex[:8]}", **{"enable.auto.commit": False})
+        reader = TopicReader(
+            self.settings,
+            ["weights", "task-stats"],
+            from_beginning=True,
+            group=f"feeder-reader-{uuid.uuid4().hex[:8]}",
+            **{"enable.auto.commit": False},
+        )
         # (topic, partition) -> end offset at start
         self._history: dict[tuple[str, int], int] = {tp: high for tp, high in reader.ends.items() if high > 0}
         self.task_ends = reader.end_offsets(self.settings.topic("tasks"))
@@ -172,8 +192,10 @@ class Feeder:
                 if tp.offset >= self._history[(tp.topic, tp.partition)]:
                     del self._history[(tp.topic, tp.partition)]
         if self._history:
-            log.warning("feeder: progress topics not read to their end within %.0fs; admitting from what was read",
-                        timeout)
+            log.warning(
+                "feeder: progress topics not read to their end within %.0fs; admitting from what was read",
+                timeout,
+            )
 
     def trainer_groups(self) -> int:
         """Groups consumed so far by the slowest trainer, plus the groups that reach no trainer."""
@@ -193,7 +215,11 @@ class Feeder:
         if not sel.enabled or st is None or st.groups < sel.min_groups:
             return False
         teaches_nothing = st.success_rate >= sel.solved_above or st.success_rate <= sel.unsolved_below
-        return not (not teaches_nothing or self.skips_in_row >= sel.max_skips_in_row or self.rng.random() < sel.keep_fraction)
+        return not (
+            not teaches_nothing
+            or self.skips_in_row >= sel.max_skips_in_row
+            or self.rng.random() < sel.keep_fraction
+        )
 
     # ------------------------------------------------------------------ main loop
 
@@ -220,8 +246,11 @@ class Feeder:
         for (name, p), end in self.publisher.acked_ends.items():
             if name == topic:
                 ends[p] = max(ends.get(p, 0), end)
-        state: dict[str, Any] = {"next": position, "published": self.published,
-                                 "ends": {str(p): o for p, o in sorted(ends.items())}}
+        state: dict[str, Any] = {
+            "next": position,
+            "published": self.published,
+            "ends": {str(p): o for p, o in sorted(ends.items())},
+        }
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(state))
@@ -229,15 +258,20 @@ class Feeder:
 
     def _resume(self, saved_ends: dict[int, int]) -> None:
         """Find the tasks published after the saved position (a crash between two saves)."""
-        reader = TopicReader(self.settings, group=f"feeder-resume-{uuid.uuid4().hex[:8]}",
-                             **{"enable.auto.commit": False})
+        reader = TopicReader(
+            self.settings, group=f"feeder-resume-{uuid.uuid4().hex[:8]}", **{"enable.auto.commit": False}
+        )
         try:
-            self.resume_skip = published_since(reader, self.settings.topic("tasks"), saved_ends, self.task_ends)
+            self.resume_skip = published_since(
+                reader, self.settings.topic("tasks"), saved_ends, self.task_ends
+            )
         finally:
             reader.close()
         if self.resume_skip:
-            log.warning("feeder: %d tasks were published after the last saved position; they are not "
-                        "published again", len(self.resume_skip))
+            log.warning(
+                "feeder: %d tasks were published after the last saved position; they are not published again",
+                len(self.resume_skip),
+            )
 
     def stop(self, *_: Any) -> None:
         self.stopping = True
@@ -307,7 +341,13 @@ class Feeder:
     def _report(self, metrics: MetricsReporter, force: bool = False) -> None:
         self.counts["deadletters"] = max(self.counts["deadletters"], self.dead.count)
         values = {f"feeder.{k}": float(v) for k, v in self.counts.items()}
-        values.update({"feeder.blocked_s": self.blocked_s, "feeder.trainer_groups": float(self.trainer_groups()),
-                       "feeder.ahead": float(self.published - self.trainer_groups()),
-                       "feeder.stats_evicted": float(self.stats.evicted), "feeder.stats_tasks": float(len(self.stats))})
+        values.update(
+            {
+                "feeder.blocked_s": self.blocked_s,
+                "feeder.trainer_groups": float(self.trainer_groups()),
+                "feeder.ahead": float(self.published - self.trainer_groups()),
+                "feeder.stats_evicted": float(self.stats.evicted),
+                "feeder.stats_tasks": float(len(self.stats)),
+            }
+        )
         metrics.report(values, force=force)

@@ -24,8 +24,9 @@ from astraflow.records import RecordError, Task, TaskStats, decode
 log = logging.getLogger(__name__)
 
 
-def published_since(reader: TopicReader, topic: str, ends: dict[int, int], highs: dict[int, int],
-                    timeout: float = 60.0) -> set[str]:
+def published_since(
+    reader: TopicReader, topic: str, ends: dict[int, int], highs: dict[int, int], timeout: float = 60.0
+) -> set[str]:
     """Group ids of the Tasks in `topic` from offsets `ends` (partition -> offset; a partition
     not named is read from its start) up to `highs` (the end offsets now). `reader` is a fresh
     TopicReader this function assigns and leaves assigned."""
@@ -51,8 +52,10 @@ def published_since(reader: TopicReader, topic: str, ends: dict[int, int], highs
             continue  # not ours to judge: the workers dead-letter it
         seen.add(task.group_id)
     if left:
-        raise TimeoutError(f"{topic}: could not read the tasks published since the last save within "
-                           f"{timeout:.0f} s (partitions {sorted(left)})")
+        raise TimeoutError(
+            f"{topic}: could not read the tasks published since the last save within "
+            f"{timeout:.0f} s (partitions {sorted(left)})"
+        )
     return seen
 
 

@@ -33,9 +33,15 @@ TOPIC = WEIGHTS
 
 
 class WeightFollower:
-    def __init__(self, settings: KafkaSettings, engines: dict[str, Engine], loop: asyncio.AbstractEventLoop,
-                 dead: DeadLetters, cache_dir: Path | None = None,
-                 on_change: Callable[[str, int], None] | None = None) -> None:
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        engines: dict[str, Engine],
+        loop: asyncio.AbstractEventLoop,
+        dead: DeadLetters,
+        cache_dir: Path | None = None,
+        on_change: Callable[[str, int], None] | None = None,
+    ) -> None:
         self.settings = settings
         self.engines = engines
         self.loop = loop
@@ -46,8 +52,9 @@ class WeightFollower:
         self.refused = 0
         self.applied = 0
         self.last_error: str | None = None
-        self.reader = TopicReader(settings, [TOPIC], group=f"weights-reader-{uuid.uuid4().hex[:8]}",
-                                  **{"enable.auto.commit": False})
+        self.reader = TopicReader(
+            settings, [TOPIC], group=f"weights-reader-{uuid.uuid4().hex[:8]}", **{"enable.auto.commit": False}
+        )
         self.topic = settings.topic(TOPIC)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -59,8 +66,11 @@ class WeightFollower:
         latest: dict[str, WeightVersion] = {}
         for msg in self.reader.to_end(timeout):
             event = self._decode(msg)
-            if (event is not None and event.policy in self.engines
-                    and event.version >= latest.get(event.policy, event).version):
+            if (
+                event is not None
+                and event.policy in self.engines
+                and event.version >= latest.get(event.policy, event).version
+            ):
                 latest[event.policy] = event
         for event in latest.values():
             self.apply(event)
@@ -82,16 +92,25 @@ class WeightFollower:
             return False
         try:
             held = fetch_weights(event, self.held.get(event.policy), self.cache_dir)
-            future = asyncio.run_coroutine_threadsafe(engine.update_weights(held.state, held.version), self.loop)
+            future = asyncio.run_coroutine_threadsafe(
+                engine.update_weights(held.state, held.version), self.loop
+            )
             future.result(timeout=600)
         except concurrent.futures.CancelledError:  # the worker's loop ended under it: stopping
-            log.info("weights of %s version %d not applied: the worker is stopping", event.policy, event.version)
+            log.info(
+                "weights of %s version %d not applied: the worker is stopping", event.policy, event.version
+            )
             return False
         except (AstraFlowError, OSError, ValueError, RuntimeError) as exc:
             self.refused += 1
             self.last_error = f"{event.policy} v{event.version}: {exc}"
-            log.error("refused weights of %s version %d, keeping version %d: %s", event.policy, event.version,
-                      engine.version, exc)
+            log.error(
+                "refused weights of %s version %d, keeping version %d: %s",
+                event.policy,
+                event.version,
+                engine.version,
+                exc,
+            )
             return False
         self.held[event.policy] = held
         self.applied += 1

@@ -73,8 +73,14 @@ def sampler_seed(worker_id: str, policy: str) -> int:
 
 
 class Worker:
-    def __init__(self, recipe: Recipe, run_dir: Path, settings: KafkaSettings, worker_id: str | None = None,
-                 region: str | None = None) -> None:
+    def __init__(
+        self,
+        recipe: Recipe,
+        run_dir: Path,
+        settings: KafkaSettings,
+        worker_id: str | None = None,
+        region: str | None = None,
+    ) -> None:
         self.recipe = recipe
         self.cfg = recipe.worker
         self.run_dir = Path(run_dir)
@@ -94,8 +100,19 @@ class Worker:
         self.stopping = asyncio.Event()
         self.paused = False
         self.assigned: set[int] = set()
-        self.counts = {k: 0 for k in ("tokens", "episodes", "trajectories", "tasks_done", "tasks_released",
-                                      "deadletters", "episode_errors", "weights_late")}
+        self.counts = {
+            k: 0
+            for k in (
+                "tokens",
+                "episodes",
+                "trajectories",
+                "tasks_done",
+                "tasks_released",
+                "deadletters",
+                "episode_errors",
+                "weights_late",
+            )
+        }
         self.engines: dict[str, Engine] = {}
         self.topic = settings.topic("tasks")
         self.episode_delay_s = episode_delay_s()
@@ -106,7 +123,9 @@ class Worker:
         from astraflow.models import init_checkpoint
         from workers.envs.base import load_tokenizer
 
-        paths = {p: init_checkpoint(self.recipe.model_for(p), self.run_dir / "init" / p) for p in self.policies}
+        paths = {
+            p: init_checkpoint(self.recipe.model_for(p), self.run_dir / "init" / p) for p in self.policies
+        }
         tokenizers = {p: load_tokenizer(path) for p, path in paths.items()}
         vocabs = {tuple(sorted(t.get_vocab().items())) for t in tokenizers.values()}
         if len(vocabs) > 1:
@@ -114,8 +133,9 @@ class Worker:
         self.codec = Codec(next(iter(tokenizers.values())))
         self.runtime = Runtime(self.recipe, self.codec)
         for p, path in paths.items():
-            self.engines[p] = build_engine(self.cfg.engine, p, str(path), seed=sampler_seed(self.worker_id, p),
-                                           version=0)
+            self.engines[p] = build_engine(
+                self.cfg.engine, p, str(path), seed=sampler_seed(self.worker_id, p), version=0
+            )
 
     async def run(self) -> None:
         """Serve tasks until SIGTERM/SIGINT (or `stop()`)."""
@@ -123,21 +143,29 @@ class Worker:
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self.stop)
         await asyncio.to_thread(self._build)
-        await asyncio.to_thread(wait_for_topics, self.settings, ["tasks", "trajectories", "weights"],
-                                stopped=self.stopping.is_set)
+        await asyncio.to_thread(
+            wait_for_topics, self.settings, ["tasks", "trajectories", "weights"], stopped=self.stopping.is_set
+        )
         if self.stopping.is_set():  # stopped before its topics existed: nothing to connect to or close
             return
         self.publisher = Publisher(self.settings)
         self.dead = DeadLetters(self.publisher, "worker")
-        self.metrics = MetricsReporter(self.publisher, "worker", self.worker_id, self.region,
-                                       every_s=self.cfg.metrics_every_s)
+        self.metrics = MetricsReporter(
+            self.publisher, "worker", self.worker_id, self.region, every_s=self.cfg.metrics_every_s
+        )
         side = Publisher(self.settings)  # the follower's thread must not serve this loop's callbacks
-        self.follower = WeightFollower(self.settings, self.engines, self.loop, DeadLetters(side, "worker"),
-                                       cache_dir=self.run_dir / "cache" / "weights")
+        self.follower = WeightFollower(
+            self.settings,
+            self.engines,
+            self.loop,
+            DeadLetters(side, "worker"),
+            cache_dir=self.run_dir / "cache" / "weights",
+        )
         await asyncio.to_thread(self.follower.catch_up)
         self.follower.start()
-        self.reader = TopicReader(self.settings, ["tasks"], group=self.cfg.group,
-                                  **task_consumer_overrides(self.worker_id))
+        self.reader = TopicReader(
+            self.settings, ["tasks"], group=self.cfg.group, **task_consumer_overrides(self.worker_id)
+        )
         self.consumer = self.reader.consumer
         self.reader.subscribe(on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke)
         self._started = time.monotonic()
@@ -209,6 +237,7 @@ class Worker:
             held[0] = 0
             if self.tasks.get(key) is t:
                 del self.tasks[key]
+
         t.add_done_callback(ended)
         return t
 
@@ -240,13 +269,20 @@ class Worker:
     def _dead_letter_settled(self, partition: int, offset: int) -> Callable[[Exception | None], None]:
         """Delivery callback of a bad task's dead letter: its offset is done once the broker has
         the dead letter; if the broker refused it, the task stays uncommitted and the worker stops."""
+
         def settle(exc: Exception | None) -> None:
             if exc is None:
                 self._finished(partition, offset)
             else:
-                log.error("dead letter of %s[%d]@%d not acknowledged (%s): it stays uncommitted",
-                          self.topic, partition, offset, exc)
+                log.error(
+                    "dead letter of %s[%d]@%d not acknowledged (%s): it stays uncommitted",
+                    self.topic,
+                    partition,
+                    offset,
+                    exc,
+                )
                 self.stop()
+
         return self._on_loop(settle)
 
     def _finished(self, partition: int, offset: int) -> None:
@@ -281,15 +317,22 @@ class Worker:
         """Hold a task until this worker's engines have the weights it was admitted with: the feeder
         hears of a version as soon as it is announced, the worker only once it has fetched and loaded
         it, and a task rolled out with the version before would exceed the staleness bound."""
-        behind = {p: v for p, v in task.min_versions.items() if p in self.engines and self.engines[p].version < v}
+        behind = {
+            p: v for p, v in task.min_versions.items() if p in self.engines and self.engines[p].version < v
+        }
         if not behind:
             return
         deadline = time.monotonic() + self.cfg.weights_wait_s
         while any(self.engines[p].version < v for p, v in behind.items()):
             if time.monotonic() > deadline:
                 self.counts["weights_late"] += 1
-                log.warning("task %s: weights %s not loaded after %.0f s; rolling it out with %s", task.task_id,
-                            behind, self.cfg.weights_wait_s, {p: self.engines[p].version for p in behind})
+                log.warning(
+                    "task %s: weights %s not loaded after %.0f s; rolling it out with %s",
+                    task.task_id,
+                    behind,
+                    self.cfg.weights_wait_s,
+                    {p: self.engines[p].version for p in behind},
+                )
                 return
             await asyncio.sleep(POLL_TICK_S)
 
@@ -304,8 +347,9 @@ class Worker:
                 try:
                     if self.episode_delay_s:
                         await asyncio.sleep(self.episode_delay_s)
-                    trajs, tokens = await run_episode(self.runtime, task, k, self.engines, self.worker_id,
-                                                      self.region)
+                    trajs, tokens = await run_episode(
+                        self.runtime, task, k, self.engines, self.worker_id, self.region
+                    )
                 finally:
                     self.running_episodes -= 1
         finally:
@@ -333,12 +377,18 @@ class Worker:
         t0, n0 = self._tokens_mark
         rate = (self.counts["tokens"] - n0) / max(1e-9, now - t0)
         values = {f"worker.{k}": float(v) for k, v in self.counts.items()}
-        values.update({"worker.tokens_per_s": rate, "worker.in_flight": float(self.pending_episodes),
-                       "worker.episodes_running": float(self.running_episodes),
-                       "worker.max_episodes": float(self.cfg.max_episodes), "worker.episode_s": self.episode_s,
-                       "worker.tasks_in_flight": float(len(self.tasks)),
-                       "worker.weights_applied": float(self.follower.applied),
-                       "worker.weights_refused": float(self.follower.refused)})
+        values.update(
+            {
+                "worker.tokens_per_s": rate,
+                "worker.in_flight": float(self.pending_episodes),
+                "worker.episodes_running": float(self.running_episodes),
+                "worker.max_episodes": float(self.cfg.max_episodes),
+                "worker.episode_s": self.episode_s,
+                "worker.tasks_in_flight": float(len(self.tasks)),
+                "worker.weights_applied": float(self.follower.applied),
+                "worker.weights_refused": float(self.follower.refused),
+            }
+        )
         for p, e in self.engines.items():
             values[f"worker.weight_version.{p}"] = float(e.version)
         self.metrics.report(values)

@@ -13,6 +13,13 @@ from astraflow.broker.launcher import (
 )
 
 __all__ = [
-    "BrokerState", "default_data_dir", "ensure_jars", "find_java", "kafka_version", "local_bootstrap", "start",
-    "status", "stop",
+    "BrokerState",
+    "default_data_dir",
+    "ensure_jars",
+    "find_java",
+    "kafka_version",
+    "local_bootstrap",
+    "start",
+    "status",
+    "stop",
 ]

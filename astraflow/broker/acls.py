@@ -45,8 +45,12 @@ class Grant:
     operation: str
 
 
-def plan(settings: KafkaSettings, policies: list[str], streams_app_id: str = "streams",
-         worker_group: str = "workers") -> list[Grant]:
+def plan(
+    settings: KafkaSettings,
+    policies: list[str],
+    streams_app_id: str = "streams",
+    worker_group: str = "workers",
+) -> list[Grant]:
     """Every grant of every component kind for one namespace (settings.namespace) and its policies."""
     t, g = settings.topic, settings.group
     out: list[Grant] = []
@@ -101,8 +105,18 @@ def bindings(grants: list[Grant]) -> list[Any]:
         ResourceType,
     )
 
-    return [AclBinding(ResourceType[x.resource], x.name, ResourcePatternType[x.pattern], f"User:{x.principal}",
-                       "*", AclOperation[x.operation], AclPermissionType.ALLOW) for x in grants]
+    return [
+        AclBinding(
+            ResourceType[x.resource],
+            x.name,
+            ResourcePatternType[x.pattern],
+            f"User:{x.principal}",
+            "*",
+            AclOperation[x.operation],
+            AclPermissionType.ALLOW,
+        )
+        for x in grants
+    ]
 
 
 def apply(admin: Any, grants: list[Grant], timeout: float = 30.0) -> int:
@@ -133,8 +147,16 @@ def _wait_visible(admin: Any, wanted: set[Any], timeout: float) -> None:
     )
 
     # None matches any name, principal and host (the stubs say str)
-    every = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None,  # type: ignore[arg-type]
-                             AclOperation.ANY, AclPermissionType.ANY)
+    anything: Any = None
+    every = AclBindingFilter(
+        ResourceType.ANY,
+        anything,
+        ResourcePatternType.ANY,
+        anything,
+        anything,
+        AclOperation.ANY,
+        AclPermissionType.ANY,
+    )
     deadline = time.monotonic() + timeout
     missing = wanted
     while time.monotonic() < deadline:
@@ -142,5 +164,7 @@ def _wait_visible(admin: Any, wanted: set[Any], timeout: float) -> None:
         if not missing:
             return
         time.sleep(0.5)
-    raise BrokerError(f"{len(missing)} ACL(s) created but not applied by the broker within {timeout:.0f}s, "
-                      f"e.g. {next(iter(missing))}")
+    raise BrokerError(
+        f"{len(missing)} ACL(s) created but not applied by the broker within {timeout:.0f}s, "
+        f"e.g. {next(iter(missing))}"
+    )

@@ -50,8 +50,14 @@ def tool_flags(java: str, libs: Path) -> list[str]:
 def usable(java: str, libs: Path, archive: Path) -> bool:
     """Whether this JVM maps `archive` with these jars (it refuses one of another JVM or jar set)."""
     try:
-        return subprocess.run([java, f"-XX:SharedArchiveFile={archive}", "-Xshare:on", "-cp", f"{libs}/*",
-                               "-version"], capture_output=True, timeout=60).returncode == 0
+        return (
+            subprocess.run(
+                [java, f"-XX:SharedArchiveFile={archive}", "-Xshare:on", "-cp", f"{libs}/*", "-version"],
+                capture_output=True,
+                timeout=60,
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.SubprocessError):
         return False
 

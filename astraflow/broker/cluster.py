@@ -79,8 +79,12 @@ def brokers_answering(bootstrap: str, timeout: float) -> int:
     """How many brokers the cluster metadata lists (0 if nothing answers)."""
     from confluent_kafka.admin import AdminClient
 
-    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000, "log_level": 0,
-                            "logger": one.SilentLogger()}
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "socket.timeout.ms": 2000,
+        "log_level": 0,
+        "logger": one.SilentLogger(),
+    }
     admin = AdminClient(conf)
     try:
         return len(admin.list_topics(timeout=timeout).brokers)
@@ -94,12 +98,21 @@ def _ports(nodes: int, first_port: int) -> list[int]:
     ports = list(range(first_port, first_port + nodes))
     taken = [p for p in ports if not one.port_is_free(p)]
     if taken:
-        raise BrokerError(f"ports {taken} on 127.0.0.1 are taken; pick another --port (or --port 0 for free ports)")
+        raise BrokerError(
+            f"ports {taken} on 127.0.0.1 are taken; pick another --port (or --port 0 for free ports)"
+        )
     return ports
 
 
-def start(nodes: int = 3, port: int = 0, data_dir: Path | None = None, heap: str = "256m", timeout: float = 240.0,
-          progress: Callable[[str], None] = lambda _: None, die_with_parent: bool = False) -> ClusterState:
+def start(
+    nodes: int = 3,
+    port: int = 0,
+    data_dir: Path | None = None,
+    heap: str = "256m",
+    timeout: float = 240.0,
+    progress: Callable[[str], None] = lambda _: None,
+    die_with_parent: bool = False,
+) -> ClusterState:
     """Start the cluster in `data_dir` (or the nodes of it that are down) and wait until every
     node is a live broker. `port` is the first node's client port (0: free ports)."""
     if nodes < 1:
@@ -109,22 +122,35 @@ def start(nodes: int = 3, port: int = 0, data_dir: Path | None = None, heap: str
     with one.file_lock(data_dir / ".lock"):
         state = ClusterState.load(data_dir)
         if state is not None and len(state.ports) != nodes:
-            raise BrokerError(f"{data_dir} holds a cluster of {len(state.ports)} nodes, not {nodes}; "
-                              "stop it and use another --data-dir")
+            raise BrokerError(
+                f"{data_dir} holds a cluster of {len(state.ports)} nodes, not {nodes}; "
+                "stop it and use another --data-dir"
+            )
         java, libs = one.find_java(), one.ensure_jars(progress)
         if state is None:
-            state = ClusterState(str(data_dir), one.new_cluster_id(), _ports(nodes, port),
-                                 [one.free_port() for _ in range(nodes)], [0] * nodes)
+            state = ClusterState(
+                str(data_dir),
+                one.new_cluster_id(),
+                _ports(nodes, port),
+                [one.free_port() for _ in range(nodes)],
+                [0] * nodes,
+            )
         voters = ",".join(f"{i + 1}@127.0.0.1:{c}" for i, c in enumerate(state.controller_ports))
         down = [i for i, running in enumerate(alive(state)) if not running]
-        with ThreadPoolExecutor(max(1, len(down))) as pool:  # each start formats first: one JVM each, in parallel
-            started = pool.map(lambda i: _start_node(state, i, voters, java, libs, heap, die_with_parent), down)
+        with ThreadPoolExecutor(
+            max(1, len(down))
+        ) as pool:  # each start formats first: one JVM each, in parallel
+            started = pool.map(
+                lambda i: _start_node(state, i, voters, java, libs, heap, die_with_parent), down
+            )
             procs = dict(zip(down, started, strict=True))
         for i, proc in procs.items():
             state.pids[i] = proc.pid
         state.save()
-        progress(f"Kafka {one.kafka_version()} cluster of {nodes} nodes, waiting for {state.bootstrap}; "
-                 f"logs: {data_dir}/node-*/logs/kafka.log")
+        progress(
+            f"Kafka {one.kafka_version()} cluster of {nodes} nodes, waiting for {state.bootstrap}; "
+            f"logs: {data_dir}/node-*/logs/kafka.log"
+        )
         deadline = time.time() + timeout
         while time.time() < deadline:
             for i, proc in procs.items():
@@ -132,18 +158,23 @@ def start(nodes: int = 3, port: int = 0, data_dir: Path | None = None, heap: str
                 if code is not None:
                     log = state.node_dir(i) / "logs" / "kafka.log"
                     stop(data_dir)
-                    raise BrokerError(f"the Kafka JVM of node {i + 1} exited with status {code} during start-up. "
-                                      f"Log: {log}\n{one.log_tail(log)}")
+                    raise BrokerError(
+                        f"the Kafka JVM of node {i + 1} exited with status {code} during start-up. "
+                        f"Log: {log}\n{one.log_tail(log)}"
+                    )
             if brokers_answering(state.bootstrap, 2) == nodes:
                 return state
             time.sleep(0.5)
         stop(data_dir)
-        raise BrokerError(f"the cluster did not show {nodes} brokers on {state.bootstrap} within {timeout:.0f}s; "
-                          f"see {data_dir}/node-*/logs/kafka.log")
+        raise BrokerError(
+            f"the cluster did not show {nodes} brokers on {state.bootstrap} within {timeout:.0f}s; "
+            f"see {data_dir}/node-*/logs/kafka.log"
+        )
 
 
-def _start_node(state: ClusterState, i: int, voters: str, java: str, libs: Path, heap: str,
-                die_with_parent: bool) -> subprocess.Popen[bytes]:
+def _start_node(
+    state: ClusterState, i: int, voters: str, java: str, libs: Path, heap: str, die_with_parent: bool
+) -> subprocess.Popen[bytes]:
     node = state.node_dir(i)
     port, controller_port = state.ports[i], state.controller_ports[i]
     for p in (port, controller_port):
@@ -152,18 +183,43 @@ def _start_node(state: ClusterState, i: int, voters: str, java: str, libs: Path,
     logs = node / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     props = node / "server.properties"
-    props.write_text(one.server_properties(node, port, controller_port, node_id=i + 1, voters=voters,
-                                            replicas=min(3, len(state.ports))))
+    props.write_text(
+        one.server_properties(
+            node, port, controller_port, node_id=i + 1, voters=voters, replicas=min(3, len(state.ports))
+        )
+    )
     one.format_storage(java, libs, node, props, None, cluster_id=state.cluster_id)
-    cmd = [java, *one.jvm_flags(heap), f"-Dlog4j2.configurationFile=file:{one.LOG4J}",
-           f"-Dkafka.logs.dir={logs}", f"-Dastraflow.data.dir={node}", "-cp", f"{libs}/*", "kafka.Kafka", str(props)]
+    cmd = [
+        java,
+        *one.jvm_flags(heap),
+        f"-Dlog4j2.configurationFile=file:{one.LOG4J}",
+        f"-Dkafka.logs.dir={logs}",
+        f"-Dastraflow.data.dir={node}",
+        "-cp",
+        f"{libs}/*",
+        "kafka.Kafka",
+        str(props),
+    ]
     with open(logs / "kafka.out", "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=node,
-                                preexec_fn=one.die_with_parent_signal if die_with_parent else None)
-    one.BrokerState(pid=proc.pid, port=port, controller_port=controller_port, bootstrap=f"127.0.0.1:{port}",
-                    data_dir=str(node), log_file=str(logs / "kafka.log"), cluster_id=state.cluster_id,
-                    started_at=time.time()).save()
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=node,
+            preexec_fn=one.die_with_parent_signal if die_with_parent else None,
+        )
+    one.BrokerState(
+        pid=proc.pid,
+        port=port,
+        controller_port=controller_port,
+        bootstrap=f"127.0.0.1:{port}",
+        data_dir=str(node),
+        log_file=str(logs / "kafka.log"),
+        cluster_id=state.cluster_id,
+        started_at=time.time(),
+    ).save()
     return proc
 
 
@@ -211,6 +267,10 @@ def status(data_dir: Path | None = None) -> tuple[ClusterState | None, list[bool
 
 def describe(state: ClusterState) -> dict[str, Any]:
     """What `status` prints: bootstrap and each node's PID and whether it runs."""
-    return {"bootstrap": state.bootstrap, "nodes": [
-        {"node": i + 1, "port": p, "pid": pid, "running": up}
-        for i, (p, pid, up) in enumerate(zip(state.ports, state.pids, alive(state), strict=True))]}
+    return {
+        "bootstrap": state.bootstrap,
+        "nodes": [
+            {"node": i + 1, "port": p, "pid": pid, "running": up}
+            for i, (p, pid, up) in enumerate(zip(state.ports, state.pids, alive(state), strict=True))
+        ],
+    }

@@ -49,10 +49,14 @@ def find_java() -> str:
         if match and int(match.group(1)) >= MIN_JAVA:
             return java
         if match:
-            raise BrokerError(f"{java} is Java {match.group(1)}; Kafka {kafka_version()} needs Java {MIN_JAVA}+. "
-                              f"Install a newer JDK or point JAVA_HOME at one.")
-    raise BrokerError(f"Java {MIN_JAVA}+ was not found (looked at JAVA_HOME and PATH). Install one, e.g. "
-                      f"`apt-get install openjdk-17-jre-headless`, or set JAVA_HOME.")
+            raise BrokerError(
+                f"{java} is Java {match.group(1)}; Kafka {kafka_version()} needs Java {MIN_JAVA}+. "
+                f"Install a newer JDK or point JAVA_HOME at one."
+            )
+    raise BrokerError(
+        f"Java {MIN_JAVA}+ was not found (looked at JAVA_HOME and PATH). Install one, e.g. "
+        f"`apt-get install openjdk-17-jre-headless`, or set JAVA_HOME."
+    )
 
 
 @contextlib.contextmanager
@@ -81,13 +85,23 @@ def ensure_jars(progress: Callable[[str], None] = lambda _: None) -> Path:
             return libs
         mvn = shutil.which("mvn")
         if mvn is None:
-            raise BrokerError("Maven (mvn) was not found; it resolves the Kafka jars from Maven Central "
-                              "once. Install it, e.g. `apt-get install maven`.")
+            raise BrokerError(
+                "Maven (mvn) was not found; it resolves the Kafka jars from Maven Central "
+                "once. Install it, e.g. `apt-get install maven`."
+            )
         progress(f"resolving Apache Kafka {kafka_version()} jars with Maven into {libs} (once per machine)")
         tmp = libs.with_name("libs.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        cmd = [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
-               "-DincludeScope=runtime", f"-DoutputDirectory={tmp}"]
+        cmd = [
+            mvn,
+            "-q",
+            "-B",
+            "-f",
+            str(POM),
+            "dependency:copy-dependencies",
+            "-DincludeScope=runtime",
+            f"-DoutputDirectory={tmp}",
+        ]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             tail = (result.stdout + result.stderr).strip().splitlines()[-20:]

@@ -110,9 +110,16 @@ def log_tail(path: Path, lines: int = 30) -> str:
 # --------------------------------------------------------------------------------------- start/stop
 
 
-def server_properties(data_dir: Path, port: int, controller_port: int, node_id: int = 1,
-                       voters: str | None = None, replicas: int = 1,
-                       passwords: dict[str, str] | None = None, listeners: dict[str, str] | None = None) -> str:
+def server_properties(
+    data_dir: Path,
+    port: int,
+    controller_port: int,
+    node_id: int = 1,
+    voters: str | None = None,
+    replicas: int = 1,
+    passwords: dict[str, str] | None = None,
+    listeners: dict[str, str] | None = None,
+) -> str:
     """A combined broker+controller node. One node by default; a cluster (astraflow/broker/cluster.py)
     passes each node its id, the static voter set of every node, and `replicas` for the internal
     topics (consumer offsets, transactions, share groups), kept at min ISR replicas - 1. With
@@ -165,7 +172,9 @@ def _listener(name: str, spec: str) -> tuple[str, str]:
     clients must be told an address on their side of the link: astraflow.net.regions)."""
     bind, _, advertised = spec.partition("=")
     if not re.fullmatch(r"[A-Z][A-Z0-9_]*", name) or name in ("PLAINTEXT", "CONTROLLER", "SASL_SSL"):
-        raise BrokerError(f"listener name {name!r}: use upper-case letters, digits and _, not a built-in name")
+        raise BrokerError(
+            f"listener name {name!r}: use upper-case letters, digits and _, not a built-in name"
+        )
     if not re.fullmatch(r"[^:=]+:\d+", bind) or not re.fullmatch(r"[^:=]+:\d+", advertised or bind):
         raise BrokerError(f"listener {name}={spec!r}: expected BIND_HOST:PORT[=ADVERTISED_HOST:PORT]")
     return bind, advertised or bind
@@ -174,8 +183,12 @@ def _listener(name: str, spec: str) -> tuple[str, str]:
 def _ready(bootstrap: str, timeout: float, data_dir: Path | None = None, is_secure: bool = False) -> bool:
     from confluent_kafka.admin import AdminClient
 
-    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000, "log_level": 0,
-                            "logger": SilentLogger()}
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "socket.timeout.ms": 2000,
+        "log_level": 0,
+        "logger": SilentLogger(),
+    }
     if is_secure and data_dir is not None:
         conf.update(secure_client_config(data_dir, "admin"))
     admin = AdminClient(conf)
@@ -199,9 +212,14 @@ class SilentLogger:
 def secure_client_config(data_dir: Path, kind: str) -> dict[str, Any]:
     """librdkafka security settings of component kind `kind` for the secured broker of `data_dir`."""
     creds = secure.credentials(data_dir, kind)
-    return {"security.protocol": "SASL_SSL", "sasl.mechanisms": secure.MECHANISM, "sasl.username": creds.username,
-            "sasl.password": creds.password, "ssl.ca.location": creds.ca_location,
-            "ssl.endpoint.identification.algorithm": "https"}
+    return {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanisms": secure.MECHANISM,
+        "sasl.username": creds.username,
+        "sasl.password": creds.password,
+        "ssl.ca.location": creds.ca_location,
+        "ssl.endpoint.identification.algorithm": "https",
+    }
 
 
 def jvm_flags(heap: str) -> list[str]:
@@ -209,13 +227,26 @@ def jvm_flags(heap: str) -> list[str]:
     training run's broker used 19 s of CPU instead of 36 s (C2 compiling Kafka's hot paths took
     ~20 s of it), but a long-lived broker (the test suite's) then runs C1's slower code for good,
     and the two CI runs with it were the two where the referential game stalled (bench/RESULTS.md)."""
-    return [f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true"]
+    return [
+        f"-Xms{heap}",
+        f"-Xmx{heap}",
+        "-XX:+UseG1GC",
+        "-XX:MaxGCPauseMillis=20",
+        "-Djava.awt.headless=true",
+    ]
 
 
-def start(port: int = 9092, data_dir: Path | None = None, heap: str = "512m", timeout: float = 180.0,
-          progress: Callable[[str], None] = lambda _: None, die_with_parent: bool = False,
-          secured: bool = False, listeners: dict[str, str] | None = None,
-          on_address: Callable[[str], None] | None = None) -> BrokerState:
+def start(
+    port: int = 9092,
+    data_dir: Path | None = None,
+    heap: str = "512m",
+    timeout: float = 180.0,
+    progress: Callable[[str], None] = lambda _: None,
+    die_with_parent: bool = False,
+    secured: bool = False,
+    listeners: dict[str, str] | None = None,
+    on_address: Callable[[str], None] | None = None,
+) -> BrokerState:
     """Start a broker (or return the one already running in `data_dir`). `port=0` picks a free port.
     With `die_with_parent`, the JVM gets SIGTERM if the calling process dies (`astraflow run`).
     With `secured`, the client listener is SASL_SSL (SCRAM-SHA-512) and ACLs are enforced; the CA,
@@ -230,21 +261,29 @@ def start(port: int = 9092, data_dir: Path | None = None, heap: str = "512m", ti
         state = BrokerState.load(data_dir)
         was_secure = (secure.secure_dir(data_dir) / secure.CREDENTIALS).exists()
         if (data_dir / "data" / "meta.properties").exists() and was_secure != secured:
-            raise BrokerError(f"{data_dir} holds a {'secured' if was_secure else 'PLAINTEXT'} broker; start it "
-                              f"{'with' if was_secure else 'without'} --secure, or use another data directory")
+            raise BrokerError(
+                f"{data_dir} holds a {'secured' if was_secure else 'PLAINTEXT'} broker; start it "
+                f"{'with' if was_secure else 'without'} --secure, or use another data directory"
+            )
         if state and is_our_jvm(state.pid, data_dir):
             if _ready(state.bootstrap, 10, data_dir, state.secure):
                 return state
-            raise BrokerError(f"a broker (PID {state.pid}) runs in {data_dir} but does not answer on "
-                              f"{state.bootstrap}; see {state.log_file} or run `astraflow broker stop`")
+            raise BrokerError(
+                f"a broker (PID {state.pid}) runs in {data_dir} but does not answer on "
+                f"{state.bootstrap}; see {state.log_file} or run `astraflow broker stop`"
+            )
         java = find_java()
         libs = ensure_jars(progress)
         if port == 0:
             port = free_port()
         elif not port_is_free(port):
-            raise BrokerError(f"port {port} on 127.0.0.1 is taken by another process; pick another with --port "
-                              f"(or --port 0 for any free port)")
-        controller_port = state.controller_port if state and port_is_free(state.controller_port) else free_port()
+            raise BrokerError(
+                f"port {port} on 127.0.0.1 is taken by another process; pick another with --port "
+                f"(or --port 0 for any free port)"
+            )
+        controller_port = (
+            state.controller_port if state and port_is_free(state.controller_port) else free_port()
+        )
         if controller_port == port:
             controller_port = free_port()
         if on_address is not None:
@@ -259,36 +298,67 @@ def start(port: int = 9092, data_dir: Path | None = None, heap: str = "512m", ti
             passwords = secure.ensure_credentials(data_dir)
         props = data_dir / "server.properties"
         # it holds the broker user's password in its JAAS config
-        secure.write_private(props, server_properties(data_dir, port, controller_port, passwords=passwords,
-                                                          listeners=listeners))
+        secure.write_private(
+            props,
+            server_properties(data_dir, port, controller_port, passwords=passwords, listeners=listeners),
+        )
         cluster_id = format_storage(java, libs, data_dir, props, state, passwords=passwords)
         log_file = logs / "kafka.log"
-        cmd = [java, *jvm_flags(heap), *classdata.broker_flags(java, libs, data_dir), f"-Dlog4j2.configurationFile=file:{LOG4J}",
-               f"-Dkafka.logs.dir={logs}", f"-Dastraflow.data.dir={data_dir}",
-               "-cp", f"{libs}/*", "kafka.Kafka", str(props)]
+        cmd = [
+            java,
+            *jvm_flags(heap),
+            *classdata.broker_flags(java, libs, data_dir),
+            f"-Dlog4j2.configurationFile=file:{LOG4J}",
+            f"-Dkafka.logs.dir={logs}",
+            f"-Dastraflow.data.dir={data_dir}",
+            "-cp",
+            f"{libs}/*",
+            "kafka.Kafka",
+            str(props),
+        ]
         started = time.time()
         with open(logs / "kafka.out", "ab") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, cwd=data_dir,
-                                    preexec_fn=die_with_parent_signal if die_with_parent else None)
-        state = BrokerState(pid=proc.pid, port=port, controller_port=controller_port,
-                            bootstrap=f"127.0.0.1:{port}", data_dir=str(data_dir), log_file=str(log_file),
-                            cluster_id=cluster_id, started_at=started, secure=secured)
+            proc = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=data_dir,
+                preexec_fn=die_with_parent_signal if die_with_parent else None,
+            )
+        state = BrokerState(
+            pid=proc.pid,
+            port=port,
+            controller_port=controller_port,
+            bootstrap=f"127.0.0.1:{port}",
+            data_dir=str(data_dir),
+            log_file=str(log_file),
+            cluster_id=cluster_id,
+            started_at=started,
+            secure=secured,
+        )
         state.save()
         (data_dir / "broker.pid").write_text(str(proc.pid))
-        progress(f"started Kafka {kafka_version()} (PID {proc.pid}), waiting for {state.bootstrap}; log: {log_file}")
+        progress(
+            f"started Kafka {kafka_version()} (PID {proc.pid}), waiting for {state.bootstrap}; log: {log_file}"
+        )
         deadline = started + timeout
         while time.time() < deadline:
             code = proc.poll()
             if code is not None:
-                raise BrokerError(f"the Kafka JVM exited with status {code} during start-up. Log: {log_file}\n"
-                                  f"{log_tail(log_file)}\n{log_tail(logs / 'kafka.out', 10)}")
+                raise BrokerError(
+                    f"the Kafka JVM exited with status {code} during start-up. Log: {log_file}\n"
+                    f"{log_tail(log_file)}\n{log_tail(logs / 'kafka.out', 10)}"
+                )
             if _ready(state.bootstrap, 2, data_dir, secured):
                 return state
             time.sleep(0.3)
         _terminate(proc.pid, data_dir, 10)
-        raise BrokerError(f"Kafka did not answer on {state.bootstrap} within {timeout:.0f}s. Log: {log_file}\n"
-                          f"{log_tail(log_file)}")
+        raise BrokerError(
+            f"Kafka did not answer on {state.bootstrap} within {timeout:.0f}s. Log: {log_file}\n"
+            f"{log_tail(log_file)}"
+        )
 
 
 def die_with_parent_signal() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -301,13 +371,22 @@ def die_with_parent_signal() -> None:  # pragma: no cover - runs in the child be
 
 def new_cluster_id() -> str:
     cluster_id = "-"
-    while cluster_id.startswith("-"):  # as Kafka's Uuid.randomUuid: the tool's parser takes "-x" for an option
+    while cluster_id.startswith(
+        "-"
+    ):  # as Kafka's Uuid.randomUuid: the tool's parser takes "-x" for an option
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
     return cluster_id
 
 
-def format_storage(java: str, libs: Path, data_dir: Path, props: Path, state: BrokerState | None,
-                    cluster_id: str | None = None, passwords: dict[str, str] | None = None) -> str:
+def format_storage(
+    java: str,
+    libs: Path,
+    data_dir: Path,
+    props: Path,
+    state: BrokerState | None,
+    cluster_id: str | None = None,
+    passwords: dict[str, str] | None = None,
+) -> str:
     """Format `data_dir/data` once (with `cluster_id`, or a new one; with `passwords`, the SCRAM
     users of secure mode); returns the id it holds."""
     meta = data_dir / "data" / "meta.properties"
@@ -316,14 +395,29 @@ def format_storage(java: str, libs: Path, data_dir: Path, props: Path, state: Br
         if match:
             return match.group(1)
     cluster_id = cluster_id or new_cluster_id()
-    cmd = [java, "-Xmx256m", *classdata.tool_flags(java, libs), f"-Dlog4j2.configurationFile=file:{LOG4J}",
-           f"-Dkafka.logs.dir={data_dir / 'logs'}",
-           "-cp", f"{libs}/*", "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props),
-           "--ignore-formatted", *(secure.scram_format_args(passwords) if passwords else [])]
+    cmd = [
+        java,
+        "-Xmx256m",
+        *classdata.tool_flags(java, libs),
+        f"-Dlog4j2.configurationFile=file:{LOG4J}",
+        f"-Dkafka.logs.dir={data_dir / 'logs'}",
+        "-cp",
+        f"{libs}/*",
+        "kafka.tools.StorageTool",
+        "format",
+        "-t",
+        cluster_id,
+        "-c",
+        str(props),
+        "--ignore-formatted",
+        *(secure.scram_format_args(passwords) if passwords else []),
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
-        raise BrokerError(f"formatting Kafka storage in {data_dir / 'data'} failed:\n"
-                          f"{(result.stdout + result.stderr).strip()[-2000:]}")
+        raise BrokerError(
+            f"formatting Kafka storage in {data_dir / 'data'} failed:\n"
+            f"{(result.stdout + result.stderr).strip()[-2000:]}"
+        )
     return cluster_id
 
 

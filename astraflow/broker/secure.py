@@ -42,9 +42,14 @@ class Credentials:
 
     def env(self, bootstrap: str) -> dict[str, str]:
         """ASTRAFLOW_* variables that make `KafkaSettings.from_env` connect as this user."""
-        return {"ASTRAFLOW_BOOTSTRAP": bootstrap, "ASTRAFLOW_SECURITY_PROTOCOL": "SASL_SSL",
-                "ASTRAFLOW_SASL_MECHANISM": MECHANISM, "ASTRAFLOW_SASL_USERNAME": self.username,
-                "ASTRAFLOW_SASL_PASSWORD": self.password, "ASTRAFLOW_SSL_CA_LOCATION": self.ca_location}
+        return {
+            "ASTRAFLOW_BOOTSTRAP": bootstrap,
+            "ASTRAFLOW_SECURITY_PROTOCOL": "SASL_SSL",
+            "ASTRAFLOW_SASL_MECHANISM": MECHANISM,
+            "ASTRAFLOW_SASL_USERNAME": self.username,
+            "ASTRAFLOW_SASL_PASSWORD": self.password,
+            "ASTRAFLOW_SSL_CA_LOCATION": self.ca_location,
+        }
 
 
 def secure_dir(data_dir: Path) -> Path:
@@ -77,10 +82,28 @@ def make_certificates(sdir: Path) -> None:
     old = os.umask(0o077)  # keys are born private
     try:
         if not (sdir / "ca.pem").exists():
-            _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", "ca.key", cwd=sdir)
-            _openssl("req", "-x509", "-new", "-key", "ca.key", "-sha256", "-days", "3650", "-subj",
-                     "/CN=AstraFlow local CA", "-addext", "basicConstraints=critical,CA:TRUE",
-                     "-addext", "keyUsage=critical,keyCertSign,cRLSign", "-out", "ca.pem", cwd=sdir)
+            _openssl(
+                "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", "ca.key", cwd=sdir
+            )
+            _openssl(
+                "req",
+                "-x509",
+                "-new",
+                "-key",
+                "ca.key",
+                "-sha256",
+                "-days",
+                "3650",
+                "-subj",
+                "/CN=AstraFlow local CA",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+                "-out",
+                "ca.pem",
+                cwd=sdir,
+            )
             os.chmod(sdir / "ca.pem", 0o644)  # the CA certificate is public; its key is not
         for name in ("broker", "weights"):
             if not (sdir / f"{name}.pem").exists():
@@ -91,12 +114,32 @@ def make_certificates(sdir: Path) -> None:
 
 def _leaf(sdir: Path, name: str) -> None:
     """`<name>.pem`: a key and a server certificate for localhost and 127.0.0.1 signed by the CA."""
-    _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", f"{name}.key", cwd=sdir)
+    _openssl(
+        "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", f"{name}.key", cwd=sdir
+    )
     _openssl("req", "-new", "-key", f"{name}.key", "-subj", "/CN=localhost", "-out", f"{name}.csr", cwd=sdir)
-    (sdir / f"{name}.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n"
-                                      "extendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n")
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-             "-days", "825", "-sha256", "-extfile", f"{name}.ext", "-out", f"{name}.crt", cwd=sdir)
+    (sdir / f"{name}.ext").write_text(
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n"
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "825",
+        "-sha256",
+        "-extfile",
+        f"{name}.ext",
+        "-out",
+        f"{name}.crt",
+        cwd=sdir,
+    )
     bundle = "".join((sdir / f).read_text() for f in (f"{name}.key", f"{name}.crt", "ca.pem"))
     write_private(sdir / f"{name}.pem", bundle)
     for suffix in ("csr", "ext", "crt", "key"):
@@ -120,8 +163,13 @@ def run_secrets(data_dir: Path) -> dict[str, str]:
     path = secure_dir(data_dir) / "run-secrets.json"
     if not path.exists():
         secure_dir(data_dir).mkdir(parents=True, exist_ok=True)
-        write_private(path, json.dumps({"weights_token": secrets.token_urlsafe(32),
-                                         "weights_mac_key": secrets.token_urlsafe(32)}, indent=2))
+        write_private(
+            path,
+            json.dumps(
+                {"weights_token": secrets.token_urlsafe(32), "weights_mac_key": secrets.token_urlsafe(32)},
+                indent=2,
+            ),
+        )
     return dict(json.loads(path.read_text()))
 
 
@@ -129,8 +177,10 @@ def credentials(data_dir: Path, kind: str) -> Credentials:
     """The credentials of component kind `kind` (or `admin`) of the secured broker in `data_dir`."""
     path = secure_dir(data_dir) / CREDENTIALS
     if not path.exists():
-        raise BrokerError(f"{data_dir} holds no secured broker (no {path}); start one with "
-                          f"`astraflow broker start --secure`")
+        raise BrokerError(
+            f"{data_dir} holds no secured broker (no {path}); start one with "
+            f"`astraflow broker start --secure`"
+        )
     passwords = json.loads(path.read_text())["passwords"]
     if kind not in passwords:
         raise BrokerError(f"no credentials for {kind!r} in {path}; known: {', '.join(sorted(passwords))}")
@@ -150,7 +200,9 @@ def jaas(module: str, user: str, password: str, **extra: str) -> str:
     return f"{module} required {options};"
 
 
-def server_properties(data_dir: Path, port: int, controller_port: int, passwords: dict[str, str]) -> dict[str, str]:
+def server_properties(
+    data_dir: Path, port: int, controller_port: int, passwords: dict[str, str]
+) -> dict[str, str]:
     """The listener, TLS, SASL and authorizer settings of a secured broker (merged over the plain ones)."""
     sdir = secure_dir(data_dir)
     broker_pw = passwords[BROKER_USER]
@@ -168,7 +220,8 @@ def server_properties(data_dir: Path, port: int, controller_port: int, passwords
         "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": jaas(scram, BROKER_USER, broker_pw),
         "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
         "listener.name.controller.plain.sasl.jaas.config": jaas(
-            plain, BROKER_USER, broker_pw, **{f"user_{BROKER_USER}": broker_pw}),
+            plain, BROKER_USER, broker_pw, **{f"user_{BROKER_USER}": broker_pw}
+        ),
         "ssl.keystore.type": "PEM",
         "ssl.keystore.location": str(sdir / "broker.pem"),
         "ssl.truststore.type": "PEM",

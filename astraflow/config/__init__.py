@@ -6,6 +6,14 @@ from astraflow.config.models import ModelSpec, TokenizerSpec
 from astraflow.config.recipe import PolicySpec, Recipe, load_recipe
 
 __all__ = [
-    "KafkaSettings", "ModelSpec", "PolicySpec", "Recipe", "StrictModel", "TokenizerSpec", "load_model",
-    "load_recipe", "read_yaml", "validate_model",
+    "KafkaSettings",
+    "ModelSpec",
+    "PolicySpec",
+    "Recipe",
+    "StrictModel",
+    "TokenizerSpec",
+    "load_model",
+    "load_recipe",
+    "read_yaml",
+    "validate_model",
 ]

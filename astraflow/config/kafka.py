@@ -74,8 +74,9 @@ class KafkaSettings(StrictModel):
         return v
 
     @classmethod
-    def from_env(cls, base: dict[str, Any] | KafkaSettings | None = None,
-                 environ: dict[str, str] | None = None) -> KafkaSettings:
+    def from_env(
+        cls, base: dict[str, Any] | KafkaSettings | None = None, environ: dict[str, str] | None = None
+    ) -> KafkaSettings:
         """Settings from `base` (a recipe section) with ASTRAFLOW_* variables taking precedence."""
         env = os.environ if environ is None else environ
         data = dict(base.model_dump() if isinstance(base, KafkaSettings) else (base or {}))
@@ -97,6 +98,8 @@ class KafkaSettings(StrictModel):
         if not self.bootstrap:
             from astraflow.errors import ConfigError
 
-            raise ConfigError("no Kafka bootstrap servers: set kafka.bootstrap in the recipe or "
-                              "ASTRAFLOW_BOOTSTRAP, or start the local broker (astraflow broker start)")
+            raise ConfigError(
+                "no Kafka bootstrap servers: set kafka.bootstrap in the recipe or "
+                "ASTRAFLOW_BOOTSTRAP, or start the local broker (astraflow broker start)"
+            )
         return self.bootstrap

@@ -55,7 +55,11 @@ class ModelSpec(StrictModel):
     def _heads_divide(self) -> ModelSpec:
         if self.path is None:
             if self.hidden_size % self.num_heads:
-                raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
+                raise ValueError(
+                    f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}"
+                )
             if self.num_heads % self.num_kv_heads:
-                raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+                raise ValueError(
+                    f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}"
+                )
         return self

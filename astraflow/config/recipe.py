@@ -76,15 +76,19 @@ class Recipe(StrictModel):
         # the reference's kept set, where its log-prob is -inf and the KL to the reference infinite
         w = self.worker
         if self.trainer.loss.kl_coef > 0 and (w.top_p < 1.0 or w.top_k > 0):
-            raise ValueError(f"trainer.loss.kl_coef > 0 needs worker.top_p: 1 and worker.top_k: 0 (got {w.top_p}, "
-                             f"{w.top_k}): the KL to the reference is infinite on tokens outside its top-p/top-k set")
+            raise ValueError(
+                f"trainer.loss.kl_coef > 0 needs worker.top_p: 1 and worker.top_k: 0 (got {w.top_p}, "
+                f"{w.top_k}): the KL to the reference is infinite on tokens outside its top-p/top-k set"
+            )
         return self
 
     @model_validator(mode="after")
     def _groups_fit_the_workers(self) -> Recipe:
         if self.feeder.group_size > self.worker.max_group_size:
-            raise ValueError(f"feeder.group_size {self.feeder.group_size} exceeds worker.max_group_size "
-                             f"{self.worker.max_group_size}: the workers would dead-letter every task")
+            raise ValueError(
+                f"feeder.group_size {self.feeder.group_size} exceeds worker.max_group_size "
+                f"{self.worker.max_group_size}: the workers would dead-letter every task"
+            )
         return self
 
     @property

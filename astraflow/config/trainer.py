@@ -74,9 +74,11 @@ class LossConfig(StrictModel):
     @classmethod
     def _removed_keys(cls, data: Any) -> Any:
         if isinstance(data, dict) and "temperature" in data:
-            raise ValueError("trainer.loss.temperature was removed: the trainer now takes its sampling settings "
-                             "(temperature, top_p, top_k) from the recipe's worker section; set worker.temperature "
-                             "and delete trainer.loss.temperature")
+            raise ValueError(
+                "trainer.loss.temperature was removed: the trainer now takes its sampling settings "
+                "(temperature, top_p, top_k) from the recipe's worker section; set worker.temperature "
+                "and delete trainer.loss.temperature"
+            )
         return data
 
     @field_validator("aggregation", mode="before")
@@ -91,8 +93,10 @@ class LossConfig(StrictModel):
         if self.aggregation == "constant" and self.norm_length is None:
             raise ValueError("aggregation: constant needs norm_length (Dr. GRPO's constant length)")
         if self.entropy_target is not None and self.entropy_decay_steps is not None:
-            raise ValueError("entropy_target (an adaptive entropy bonus) and entropy_decay_steps (a schedule) "
-                             "both set the bonus's weight: set one")
+            raise ValueError(
+                "entropy_target (an adaptive entropy bonus) and entropy_decay_steps (a schedule) "
+                "both set the bonus's weight: set one"
+            )
         if self.policy_loss != "ppo":
             for key in ("dual_clip", "tis_cap"):
                 if getattr(self, key) is not None:
@@ -203,7 +207,9 @@ class TrainerConfig(StrictModel):
         if self.lr_decay != "none" and self.decay_steps is None:
             raise ValueError(f"decay_steps is required with lr_decay: {self.lr_decay}")
         if self.decay_steps is not None and self.decay_steps <= self.warmup_steps:
-            raise ValueError(f"decay_steps ({self.decay_steps}) must be after warmup_steps ({self.warmup_steps})")
+            raise ValueError(
+                f"decay_steps ({self.decay_steps}) must be after warmup_steps ({self.warmup_steps})"
+            )
         return self
 
     def delta_compress_level(self) -> int:

@@ -150,8 +150,10 @@ class WorkerConfig(StrictModel):
     @classmethod
     def _trainable_temperature(cls, v: float) -> float:
         if v <= 0:
-            raise ValueError(f"temperature {v} is greedy decoding, which cannot be trained on (every token has "
-                             "probability 1 under it: no importance ratio, no policy gradient); use a temperature > 0")
+            raise ValueError(
+                f"temperature {v} is greedy decoding, which cannot be trained on (every token has "
+                "probability 1 under it: no importance ratio, no policy gradient); use a temperature > 0"
+            )
         return v
 
     @model_validator(mode="after")
@@ -160,6 +162,8 @@ class WorkerConfig(StrictModel):
         # sampling but not in the log-probs it returns (sglang srt/layers/sampler.py), so with either
         # the behaviour log-probs would not be those of the distribution sampled from.
         if self.engine.type == "sglang" and (self.top_p < 1.0 or self.top_k > 0):
-            raise ValueError(f"the sglang engine returns log-probs without top-p/top-k renormalisation, so "
-                             f"worker.top_p must be 1 and worker.top_k 0 with it (got {self.top_p}, {self.top_k})")
+            raise ValueError(
+                f"the sglang engine returns log-probs without top-p/top-k renormalisation, so "
+                f"worker.top_p must be 1 and worker.top_k 0 with it (got {self.top_p}, {self.top_k})"
+            )
         return self

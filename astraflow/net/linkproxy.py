@@ -107,8 +107,17 @@ class ProxyStats:
 
     def write(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"link": self.link, "started": self.started, "time": time.time(),
-                                   "routes": {k: asdict(v) for k, v in self.routes.items()}}, indent=1))
+        tmp.write_text(
+            json.dumps(
+                {
+                    "link": self.link,
+                    "started": self.started,
+                    "time": time.time(),
+                    "routes": {k: asdict(v) for k, v in self.routes.items()},
+                },
+                indent=1,
+            )
+        )
         tmp.replace(path)
 
 
@@ -123,7 +132,9 @@ def lost_segments(nbytes: int, loss: float, rng: random.Random) -> bool:
 class _Pipe:
     """One direction of one connection: reads chunks, delivers each at its due time, in order."""
 
-    def __init__(self, link: Link, rng: random.Random, counter: RouteStats, up: bool, ready_at: float) -> None:
+    def __init__(
+        self, link: Link, rng: random.Random, counter: RouteStats, up: bool, ready_at: float
+    ) -> None:
         self.link = link
         self.rng = rng
         self.counter = counter
@@ -137,7 +148,10 @@ class _Pipe:
 
     def due(self, nbytes: int) -> float:
         link = self.link
-        due = max(time.monotonic(), self.ready_at) + (link.delay_ms + self.rng.uniform(0, link.jitter_ms)) / 1000
+        due = (
+            max(time.monotonic(), self.ready_at)
+            + (link.delay_ms + self.rng.uniform(0, link.jitter_ms)) / 1000
+        )
         if lost_segments(nbytes, link.loss, self.rng):
             self.counter.stalls += 1
             due += link.stall_s()
@@ -180,7 +194,9 @@ class _Pipe:
 
 
 class LinkProxy:
-    def __init__(self, routes: list[Route], link: Link, stats_path: Path | None = None, seed: int | None = None) -> None:
+    def __init__(
+        self, routes: list[Route], link: Link, stats_path: Path | None = None, seed: int | None = None
+    ) -> None:
         self.routes = routes
         self.link = link
         self.stats_path = stats_path
@@ -190,17 +206,29 @@ class LinkProxy:
 
     async def start(self) -> None:
         for route in self.routes:
-            counter = self.stats.routes.setdefault(route.name, RouteStats(target=f"{route.target[0]}:{route.target[1]}"))
+            counter = self.stats.routes.setdefault(
+                route.name, RouteStats(target=f"{route.target[0]}:{route.target[1]}")
+            )
 
-            async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                             route: Route = route, counter: RouteStats = counter) -> None:
+            async def handle(
+                reader: asyncio.StreamReader,
+                writer: asyncio.StreamWriter,
+                route: Route = route,
+                counter: RouteStats = counter,
+            ) -> None:
                 await self._connection(route, counter, reader, writer)
 
-            self.servers.append(await asyncio.start_server(handle, route.listen[0], route.listen[1],
-                                                           reuse_address=True))
+            self.servers.append(
+                await asyncio.start_server(handle, route.listen[0], route.listen[1], reuse_address=True)
+            )
 
-    async def _connection(self, route: Route, counter: RouteStats, c_reader: asyncio.StreamReader,
-                          c_writer: asyncio.StreamWriter) -> None:
+    async def _connection(
+        self,
+        route: Route,
+        counter: RouteStats,
+        c_reader: asyncio.StreamReader,
+        c_writer: asyncio.StreamWriter,
+    ) -> None:
         counter.connections += 1
         counter.open += 1
         # the handshake a real link would cost: the client's first bytes arrive one round trip later
@@ -215,7 +243,9 @@ class LinkProxy:
         up = _Pipe(self.link, self.rng, counter, True, accepted + 2 * self.link.delay_ms / 1000)
         down = _Pipe(self.link, self.rng, counter, False, accepted)
         try:
-            await asyncio.gather(up.read(c_reader), up.write(t_writer), down.read(t_reader), down.write(c_writer))
+            await asyncio.gather(
+                up.read(c_reader), up.write(t_writer), down.read(t_reader), down.write(c_writer)
+            )
         finally:
             counter.open -= 1
             for w in (c_writer, t_writer):
@@ -246,12 +276,23 @@ def read_stats(path: Path) -> dict[str, RouteStats]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m astraflow.net.linkproxy", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--route", action="append", required=True, type=Route.parse,
-                        help="LISTEN_HOST:PORT=TARGET_HOST:PORT (repeatable)")
+    parser = argparse.ArgumentParser(
+        prog="python -m astraflow.net.linkproxy", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--route",
+        action="append",
+        required=True,
+        type=Route.parse,
+        help="LISTEN_HOST:PORT=TARGET_HOST:PORT (repeatable)",
+    )
     parser.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay")
-    parser.add_argument("--jitter-ms", type=float, default=0.0, help="extra one-way delay, uniform in [0, this]")
-    parser.add_argument("--loss", type=float, default=0.0, help="segment loss probability (simulated as stalls)")
+    parser.add_argument(
+        "--jitter-ms", type=float, default=0.0, help="extra one-way delay, uniform in [0, this]"
+    )
+    parser.add_argument(
+        "--loss", type=float, default=0.0, help="segment loss probability (simulated as stalls)"
+    )
     parser.add_argument("--stats", type=Path, default=None, help="JSON file the counters are written to")
     parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args(argv)
@@ -266,8 +307,10 @@ def main(argv: list[str] | None = None) -> None:
             loop.add_signal_handler(sig, stop.set)
         await proxy.serve(stop)
 
-    print(f"linkproxy {os.getpid()}: {', '.join(f'{r.name} -> {r.target[0]}:{r.target[1]}' for r in args.route)}",
-          flush=True)
+    print(
+        f"linkproxy {os.getpid()}: {', '.join(f'{r.name} -> {r.target[0]}:{r.target[1]}' for r in args.route)}",
+        flush=True,
+    )
     asyncio.run(run())
 
 

@@ -63,7 +63,9 @@ def _tc(*args: str, ns: str | None = None) -> None:
 def check_support() -> None:
     """Raise NetnsError saying why simulated regions cannot be made here."""
     if os.geteuid() != 0:
-        raise NetnsError(f"simulated regions need root (network namespaces, veth, tc); running as uid {os.geteuid()}")
+        raise NetnsError(
+            f"simulated regions need root (network namespaces, veth, tc); running as uid {os.geteuid()}"
+        )
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             raise NetnsError(f"simulated regions need the `{tool}` tool (iproute2); it is not on PATH")
@@ -142,26 +144,51 @@ class Region:
             _tc("qdisc", "add", "dev", self.host_if, *spec)
             _tc("qdisc", "add", "dev", self.region_if, *spec, ns=self.netns)
 
-    def popen(self, argv: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen[bytes]:
+    def popen(
+        self, argv: list[str], env: dict[str, str] | None = None, log: Path | None = None
+    ) -> subprocess.Popen[bytes]:
         """Start a process inside the region (stopped by `close`)."""
         out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - handed to the child
-        proc = subprocess.Popen(["ip", "netns", "exec", self.netns, *argv], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.netns, *argv],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.procs.append(proc)
         return proc
 
-    def start_proxy(self, ports: list[int], stats: Path, log: Path | None = None,
-                    env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def start_proxy(
+        self, ports: list[int], stats: Path, log: Path | None = None, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         """The region's link proxy: 127.0.0.1:P in the region -> host side P, for each port."""
         routes = [a for p in ports for a in ("--route", f"127.0.0.1:{p}={self.host_ip}:{p}")]
-        proc = self.popen([sys.executable, "-m", "astraflow.net.linkproxy", *routes,
-                           "--delay-ms", str(self.link.delay_ms), "--jitter-ms", str(self.link.jitter_ms),
-                           "--loss", str(self.link.loss), "--stats", str(stats)], env=env, log=log)
+        proc = self.popen(
+            [
+                sys.executable,
+                "-m",
+                "astraflow.net.linkproxy",
+                *routes,
+                "--delay-ms",
+                str(self.link.delay_ms),
+                "--jitter-ms",
+                str(self.link.jitter_ms),
+                "--loss",
+                str(self.link.loss),
+                "--stats",
+                str(stats),
+            ],
+            env=env,
+            log=log,
+        )
         deadline = time.monotonic() + 60
         while not stats.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise NetnsError(f"the link proxy of region {self.name} did not start (status {proc.poll()}); "
-                                 f"log: {log}")
+                raise NetnsError(
+                    f"the link proxy of region {self.name} did not start (status {proc.poll()}); log: {log}"
+                )
             time.sleep(0.1)
         return proc
 
@@ -172,7 +199,9 @@ class Region:
     def heal(self) -> None:
         _ip("link", "set", self.host_if, "up")
         # taking the link down removed the host's route to the region; it comes back with the address
-        if self.subnet is not None and str(self.subnet) not in _ip("-4", "route", "show", "dev", self.host_if):
+        if self.subnet is not None and str(self.subnet) not in _ip(
+            "-4", "route", "show", "dev", self.host_if
+        ):
             _ip("route", "add", str(self.subnet), "dev", self.host_if)
 
     def stop(self, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> int | None:

@@ -1,8 +1,8 @@
 """Wire records and their msgpack codec: the contract between every component.
 
-    from astraflow.records import Trajectory, encode, decode
-    data = encode(traj)                     # validates, then packs
-    traj = decode(data, Trajectory)         # unpacks, then validates; only RecordError escapes
+from astraflow.records import Trajectory, encode, decode
+data = encode(traj)                     # validates, then packs
+traj = decode(data, Trajectory)         # unpacks, then validates; only RecordError escapes
 """
 
 from astraflow.errors import RecordError
@@ -35,7 +35,28 @@ from astraflow.records.types import (
 )
 
 __all__ = [
-    "DTYPES", "FINISH_REASONS", "RECORD_TYPES", "SCHEMA_VERSION", "DeadLetter", "Metric", "Record",
-    "RecordError", "Sample", "SampleBatch", "Task", "TaskStats", "Trajectory", "TrajectoryBatch", "WeightVersion",
-    "batch_items", "batches", "decode", "encode", "group_id", "sample_batches", "samples_of", "traj_id", "trajectories_of",
+    "DTYPES",
+    "FINISH_REASONS",
+    "RECORD_TYPES",
+    "SCHEMA_VERSION",
+    "DeadLetter",
+    "Metric",
+    "Record",
+    "RecordError",
+    "Sample",
+    "SampleBatch",
+    "Task",
+    "TaskStats",
+    "Trajectory",
+    "TrajectoryBatch",
+    "WeightVersion",
+    "batch_items",
+    "batches",
+    "decode",
+    "encode",
+    "group_id",
+    "sample_batches",
+    "samples_of",
+    "traj_id",
+    "trajectories_of",
 ]

@@ -25,7 +25,12 @@ from astraflow.records.types import RECORD_TYPES, Sample, SampleBatch, Trajector
 SCHEMA_VERSION = 1
 EXT_NDARRAY = 1
 
-_DTYPE_CODES: dict[np.dtype, int] = {np.dtype("int8"): 1, np.dtype("uint8"): 2, np.dtype("int32"): 3, np.dtype("float32"): 4}
+_DTYPE_CODES: dict[np.dtype, int] = {
+    np.dtype("int8"): 1,
+    np.dtype("uint8"): 2,
+    np.dtype("int32"): 3,
+    np.dtype("float32"): 4,
+}
 _CODE_DTYPES = {code: dt.newbyteorder("<") for dt, code in _DTYPE_CODES.items()}
 _HEADER = struct.Struct("<BI")
 
@@ -78,8 +83,11 @@ def encode(record: Record, known_policies: frozenset[str] | None = None) -> byte
     return msgpack.packb(body, default=_default, use_bin_type=True)
 
 
-def decode(data: bytes | bytearray | memoryview, expected: type[R] | tuple[type[Record], ...] | None = None,
-           known_policies: frozenset[str] | None = None) -> R:
+def decode(
+    data: bytes | bytearray | memoryview,
+    expected: type[R] | tuple[type[Record], ...] | None = None,
+    known_policies: frozenset[str] | None = None,
+) -> R:
     """Decode and validate one record. Raises RecordError (and nothing else) on bad input.
 
     With `expected` (a type, or a tuple of them), a record of another type is an error, found before
@@ -90,13 +98,20 @@ def decode(data: bytes | bytearray | memoryview, expected: type[R] | tuple[type[
     if len(data) > MAX_BYTES:
         raise RecordError("<bytes>", f"record of {len(data)} bytes exceeds {MAX_BYTES}")
     try:
-        body = msgpack.unpackb(
-            data, raw=False, ext_hook=_ext_hook, strict_map_key=True, use_list=True
-        )
+        body = msgpack.unpackb(data, raw=False, ext_hook=_ext_hook, strict_map_key=True, use_list=True)
     except RecordError:
         raise
-    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError,
-            UnicodeDecodeError, OverflowError, RecursionError, MemoryError) as exc:
+    except (
+        ValueError,
+        TypeError,
+        msgpack.ExtraData,
+        msgpack.FormatError,
+        msgpack.StackError,
+        UnicodeDecodeError,
+        OverflowError,
+        RecursionError,
+        MemoryError,
+    ) as exc:
         raise RecordError("<bytes>", f"not a msgpack record: {type(exc).__name__}: {exc}") from None
     if not isinstance(body, dict):
         raise RecordError("<bytes>", f"expected a msgpack map, got {type(body).__name__}")
@@ -120,9 +135,14 @@ def decode(data: bytes | bytearray | memoryview, expected: type[R] | tuple[type[
 def _layout(cls: type[Record]) -> tuple[frozenset[str], tuple[str, ...], tuple[tuple[str, str], ...]]:
     """A record type's field names, its required ones, and its arrays with their dtypes."""
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-    required = tuple(f.name for f in fields
-                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
-    arrays = tuple((f.name, f.metadata["kind"].dtype) for f in fields if isinstance(f.metadata["kind"], Array))
+    required = tuple(
+        f.name
+        for f in fields
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    )
+    arrays = tuple(
+        (f.name, f.metadata["kind"].dtype) for f in fields if isinstance(f.metadata["kind"], Array)
+    )
     return frozenset(f.name for f in fields), required, arrays
 
 
@@ -137,8 +157,12 @@ def _build(cls: type[Record], body: dict[str, Any], known_policies: frozenset[st
     for name, dtype in arrays:
         if name in body and not isinstance(body[name], np.ndarray):
             # On the wire, token-level arrays are packed buffers, never lists of numbers.
-            raise RecordError(name, f"expected a packed {dtype} array (msgpack extension "
-                              f"{EXT_NDARRAY}), got {type(body[name]).__name__}", cls.TYPE)
+            raise RecordError(
+                name,
+                f"expected a packed {dtype} array (msgpack extension "
+                f"{EXT_NDARRAY}), got {type(body[name]).__name__}",
+                cls.TYPE,
+            )
     record = cls(**body)  # validates every field
     return record.check_policies(known_policies) if known_policies is not None else record
 
@@ -155,8 +179,12 @@ def trajectories_of(record: Record) -> list[Trajectory]:
     return _opened(record, Trajectory, TrajectoryBatch)
 
 
-def batch_items(batch: TrajectoryBatch | SampleBatch, cls: type[R], known_policies: frozenset[str] | None,
-                check: Callable[[R], R] | None = None) -> list[tuple[bytes, R | RecordError]]:
+def batch_items(
+    batch: TrajectoryBatch | SampleBatch,
+    cls: type[R],
+    known_policies: frozenset[str] | None,
+    check: Callable[[R], R] | None = None,
+) -> list[tuple[bytes, R | RecordError]]:
     """Each item of a batch with what it decodes to as `cls` (after `check`, if given), or why it
     cannot be used: a RecordError naming `<batch type>.items[i]`. An item must carry the batch's
     group_id (and, in a SampleBatch, its policy). Streams and the trainer take a batch's items so."""
@@ -169,8 +197,9 @@ def batch_items(batch: TrajectoryBatch | SampleBatch, cls: type[R], known_polici
                 item = check(item)
             for name in same:
                 if getattr(item, name) != getattr(batch, name):
-                    raise RecordError(name, f"{getattr(item, name)!r} is not the batch's {getattr(batch, name)!r}",
-                                      cls.TYPE)
+                    raise RecordError(
+                        name, f"{getattr(item, name)!r} is not the batch's {getattr(batch, name)!r}", cls.TYPE
+                    )
             out.append((body, item))
         except RecordError as exc:
             out.append((body, RecordError(f"items[{i}]", str(exc), batch.TYPE)))
@@ -195,19 +224,26 @@ def batches(trajs: list[Trajectory], max_bytes: int) -> list[TrajectoryBatch]:
     by_group: dict[str, list[bytes]] = {}
     for traj in trajs:
         by_group.setdefault(traj.group_id, []).append(encode(traj))
-    return [TrajectoryBatch(group_id=gid, items=chunk)
-            for gid, items in by_group.items() for chunk in _chunks(items, max_bytes)]
+    return [
+        TrajectoryBatch(group_id=gid, items=chunk)
+        for gid, items in by_group.items()
+        for chunk in _chunks(items, max_bytes)
+    ]
 
 
-def sample_batches(samples: list[Sample], max_bytes: int,
-                   known_policies: frozenset[str] | None = None) -> list[SampleBatch]:
+def sample_batches(
+    samples: list[Sample], max_bytes: int, known_policies: frozenset[str] | None = None
+) -> list[SampleBatch]:
     """The records Samples travel in: one SampleBatch per group and policy, split where the encoded
     Samples would pass `max_bytes` (a Sample larger than that travels alone in its batch)."""
     by_key: dict[tuple[str, str], list[bytes]] = {}
     for sample in samples:
         by_key.setdefault((sample.group_id, sample.policy), []).append(encode(sample, known_policies))
-    return [SampleBatch(group_id=gid, policy=policy, items=chunk)
-            for (gid, policy), items in by_key.items() for chunk in _chunks(items, max_bytes)]
+    return [
+        SampleBatch(group_id=gid, policy=policy, items=chunk)
+        for (gid, policy), items in by_key.items()
+        for chunk in _chunks(items, max_bytes)
+    ]
 
 
 def _chunks(items: list[bytes], max_bytes: int) -> list[list[bytes]]:

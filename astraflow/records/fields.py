@@ -244,7 +244,6 @@ class FloatMap(Kind):
                 raise
         return out
 
-
     @functools.cached_property
     def _values(self) -> Kind:
         """The kind of the values, made once per map kind (checking a map made it at every call)."""
@@ -259,7 +258,9 @@ class IntMap(FloatMap):
     """A map from names to integers (weight versions per policy)."""
 
     def _number(self) -> Kind:
-        return Int(min=None if self.min is None else int(self.min), max=None if self.max is None else int(self.max))
+        return Int(
+            min=None if self.min is None else int(self.min), max=None if self.max is None else int(self.max)
+        )
 
 
 @dataclass(frozen=True)
@@ -275,7 +276,9 @@ class StrMap(Kind):
             raise _fail(field, "must not be empty")
         if len(value) > MAX_MAP_ITEMS:
             raise _fail(field, f"more than {MAX_MAP_ITEMS} entries ({len(value)})")
-        return {self.key.check(f"{field} key", k): self.value.check(f"{field}.{k}", v) for k, v in value.items()}
+        return {
+            self.key.check(f"{field} key", k): self.value.check(f"{field}.{k}", v) for k, v in value.items()
+        }
 
 
 @dataclass(frozen=True)

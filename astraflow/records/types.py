@@ -110,7 +110,9 @@ class Trajectory(Record):
     policies: list[str] = wire(StrList())
     tokens: np.ndarray = wire(Array("int32", min=0), default_factory=_empty_i32)
     owner: np.ndarray = wire(Array("int8", min=-1), default_factory=lambda: np.zeros(0, np.int8))
-    logprobs: np.ndarray = wire(Array("float32", finite=True, max=0.0), default_factory=lambda: np.zeros(0, np.float32))
+    logprobs: np.ndarray = wire(
+        Array("float32", finite=True, max=0.0), default_factory=lambda: np.zeros(0, np.float32)
+    )
     versions: np.ndarray = wire(Array("int32", min=-1), default_factory=_empty_i32)
     rewards: dict[str, float] = wire(FloatMap(key=NAME), default_factory=dict)
     finish_reason: str = wire(Str(choices=FINISH_REASONS), default="stop")
@@ -136,9 +138,13 @@ class Trajectory(Record):
         if top >= len(self.policies):
             raise RecordError("owner", f"owner index {top} but only {len(self.policies)} policies")
         if set(self.rewards) != set(self.policies):
-            raise RecordError("rewards", f"needs exactly one reward per policy {self.policies}, got {sorted(self.rewards)}")
+            raise RecordError(
+                "rewards", f"needs exactly one reward per policy {self.policies}, got {sorted(self.rewards)}"
+            )
         if self.sample_index >= self.group_size:
-            raise RecordError("sample_index", f"{self.sample_index} is not below group_size {self.group_size}")
+            raise RecordError(
+                "sample_index", f"{self.sample_index} is not below group_size {self.group_size}"
+            )
         if unversioned:
             raise RecordError("versions", "every generated token needs a weight version >= 0")
 
@@ -182,9 +188,13 @@ class Sample(Record):
     env: str = wire(NAME)
     tokens: np.ndarray = wire(Array("int32", min=0), default_factory=_empty_i32)
     loss_mask: np.ndarray = wire(Array("uint8", min=0, max=1), default_factory=lambda: np.zeros(0, np.uint8))
-    logprobs: np.ndarray = wire(Array("float32", finite=True, max=0.0), default_factory=lambda: np.zeros(0, np.float32))
+    logprobs: np.ndarray = wire(
+        Array("float32", finite=True, max=0.0), default_factory=lambda: np.zeros(0, np.float32)
+    )
     versions: np.ndarray = wire(Array("int32", min=-1), default_factory=_empty_i32)
-    advantages: np.ndarray = wire(Array("float32", finite=True), default_factory=lambda: np.zeros(0, np.float32))
+    advantages: np.ndarray = wire(
+        Array("float32", finite=True), default_factory=lambda: np.zeros(0, np.float32)
+    )
     reward: float = wire(Float(), default=0.0)
     group_size: int = wire(Int(min=1, max=4096), default=1)
     group_samples: int = wire(Int(min=1, max=4096), default=1)  # samples of this group sent to this policy
@@ -313,6 +323,16 @@ class DeadLetter(Record):
 
 
 RECORD_TYPES: dict[str, type[Record]] = {
-    cls.TYPE: cls for cls in (Task, Trajectory, TrajectoryBatch, Sample, SampleBatch, WeightVersion, TaskStats, Metric,
-                              DeadLetter)
+    cls.TYPE: cls
+    for cls in (
+        Task,
+        Trajectory,
+        TrajectoryBatch,
+        Sample,
+        SampleBatch,
+        WeightVersion,
+        TaskStats,
+        Metric,
+        DeadLetter,
+    )
 }

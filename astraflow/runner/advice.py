@@ -63,7 +63,9 @@ class Observed:
 
 @dataclass(frozen=True)
 class Advice:
-    regime: str  # trainer-bound, rollout-bound, streams-bound, admission-bound, feeder-bound, balanced, unknown
+    regime: (
+        str  # trainer-bound, rollout-bound, streams-bound, admission-bound, feeder-bound, balanced, unknown
+    )
     line: str  # the sentence status and the summary print; starts with the regime
     more_workers: int | None = None  # rollout-bound: about how many more workers would fill the trainer
 
@@ -74,43 +76,70 @@ class Advice:
 def advise(obs: Observed) -> Advice:
     """Classify what bounds the run; see the module docstring."""
     if not obs.trainer_wait:
-        return Advice("unknown", f"unknown: no trainer has reported steps over {MIN_TRAINER_SPAN_S:.0f} s in the "
-                      "window (in its latest process): too little to tell what bounds the run")
+        return Advice(
+            "unknown",
+            f"unknown: no trainer has reported steps over {MIN_TRAINER_SPAN_S:.0f} s in the "
+            "window (in its latest process): too little to tell what bounds the run",
+        )
     policy, wait = min(obs.trainer_wait.items(), key=lambda kv: kv[1])
     who = f"trainer {policy}" if len(obs.trainer_wait) > 1 else "the trainer"
     idle, blocked = obs.workers_idle, obs.feeder_blocked
     waited = f"{who} waited {wait:.0%}" + (" (from step times)" if obs.wait_source != "wait_s" else "")
     if wait < TRAINER_BUSY_BELOW:
         if idle is not None and idle >= WORKERS_IDLE_FROM:
-            return Advice("trainer-bound", f"trainer-bound: workers idle {idle:.0%}; {waited}"
-                          + _blocked(blocked) + ". A faster trainer (GPU, more DDP ranks) speeds the run; "
-                          "more workers would not")
-        return Advice("balanced", f"balanced: {waited}, workers idle {_pct(idle)}; "
-                      "scale trainers and workers together")
+            return Advice(
+                "trainer-bound",
+                f"trainer-bound: workers idle {idle:.0%}; {waited}"
+                + _blocked(blocked)
+                + ". A faster trainer (GPU, more DDP ranks) speeds the run; "
+                "more workers would not",
+            )
+        return Advice(
+            "balanced", f"balanced: {waited}, workers idle {_pct(idle)}; scale trainers and workers together"
+        )
     growth, made = obs.backlog_growth_per_s, obs.trajectories_per_s
-    if (growth is not None and growth * obs.window_s >= BACKLOG_MIN_RECORDS
-            and (made is None or growth >= BACKLOG_GROWS_FROM * made)):
+    if (
+        growth is not None
+        and growth * obs.window_s >= BACKLOG_MIN_RECORDS
+        and (made is None or growth >= BACKLOG_GROWS_FROM * made)
+    ):
         now = f" (now {obs.lag[TRAJECTORIES]:.0f})" if TRAJECTORIES in obs.lag else ""
-        return Advice("streams-bound", f"streams-bound: the trajectories lag grows by {growth:.1f} records/s"
-                      f"{now} while {waited}; run more streams "
-                      "instances (up to the partitions of trajectories) or lighten its stages")
+        return Advice(
+            "streams-bound",
+            f"streams-bound: the trajectories lag grows by {growth:.1f} records/s"
+            f"{now} while {waited}; run more streams "
+            "instances (up to the partitions of trajectories) or lighten its stages",
+        )
     if obs.workers == 0:
         return Advice("rollout-bound", f"rollout-bound: no worker reported while {waited}; start workers")
     if idle is not None and idle < WORKERS_IDLE_FROM:
         more, at_least = more_workers(obs.workers, wait)
-        return Advice("rollout-bound", f"rollout-bound: {'at least' if at_least else 'about'} {more} more "
-                      f"worker{'s' if more != 1 else ''} would keep the trainer busy ({waited}, "
-                      f"{obs.workers} workers idle {idle:.0%})", more)
+        return Advice(
+            "rollout-bound",
+            f"rollout-bound: {'at least' if at_least else 'about'} {more} more "
+            f"worker{'s' if more != 1 else ''} would keep the trainer busy ({waited}, "
+            f"{obs.workers} workers idle {idle:.0%})",
+            more,
+        )
     if blocked is None:
-        return Advice("unknown", f"unknown: {waited} and workers idle {_pct(idle)}, but the feeder has not "
-                      "reported twice: admission or the task source limits the run")
+        return Advice(
+            "unknown",
+            f"unknown: {waited} and workers idle {_pct(idle)}, but the feeder has not "
+            "reported twice: admission or the task source limits the run",
+        )
     if blocked >= FEEDER_BLOCKED_FROM:
-        return Advice("admission-bound", f"admission-bound: {waited} and workers idle {_pct(idle)} while the "
-                      f"feeder was held back {blocked:.0%}: the staleness window holds too few groups for "
-                      "the pipeline's latency; raise max_staleness or trainer.publish_every")
-    return Advice("feeder-bound", f"feeder-bound: {waited} and workers idle {_pct(idle)} while the feeder "
-                  f"was held back {blocked:.0%}: the task source is the limit (max_tasks reached, the "
-                  "JSONL ended, or selective rollout skips most tasks)")
+        return Advice(
+            "admission-bound",
+            f"admission-bound: {waited} and workers idle {_pct(idle)} while the "
+            f"feeder was held back {blocked:.0%}: the staleness window holds too few groups for "
+            "the pipeline's latency; raise max_staleness or trainer.publish_every",
+        )
+    return Advice(
+        "feeder-bound",
+        f"feeder-bound: {waited} and workers idle {_pct(idle)} while the feeder "
+        f"was held back {blocked:.0%}: the task source is the limit (max_tasks reached, the "
+        "JSONL ended, or selective rollout skips most tasks)",
+    )
 
 
 def more_workers(workers: int, wait: float) -> tuple[int, bool]:
@@ -134,10 +163,15 @@ def _blocked(blocked: float | None) -> str:
 # ------------------------------------------------------------------------------ measuring
 
 
-def rows_from_history(history: dict[tuple[str, str], list[tuple[int, float, dict[str, float]]]]) -> list[dict[str, Any]]:
+def rows_from_history(
+    history: dict[tuple[str, str], list[tuple[int, float, dict[str, float]]]],
+) -> list[dict[str, Any]]:
     """The collector's history as metrics.jsonl rows."""
-    return [{"component": c, "id": i, "time": t, "step": s, "values": v}
-            for (c, i), points in history.items() for s, t, v in points]
+    return [
+        {"component": c, "id": i, "time": t, "step": s, "values": v}
+        for (c, i), points in history.items()
+        for s, t, v in points
+    ]
 
 
 def counter(rs: list[dict[str, Any]], key: str, start: float) -> list[tuple[float, float]]:
@@ -152,8 +186,12 @@ def counter(rs: list[dict[str, Any]], key: str, start: float) -> list[tuple[floa
     return points[baseline:]
 
 
-def measure(rows: list[dict[str, Any]], window_s: float | None = None,
-            max_episodes: int = DEFAULT_MAX_EPISODES, end: float | None = None) -> Observed:
+def measure(
+    rows: list[dict[str, Any]],
+    window_s: float | None = None,
+    max_episodes: int = DEFAULT_MAX_EPISODES,
+    end: float | None = None,
+) -> Observed:
     """Measure the `window_s` seconds (default: from the first row) that end at `end` (default: the
     last row), from the first trainer step on. A finished run ends at its trainers' last step:
     what comes later is shutdown."""
@@ -163,7 +201,9 @@ def measure(rows: list[dict[str, Any]], window_s: float | None = None,
     start = end - window_s if window_s is not None else min(r["time"] for r in rows)
     # before the first trainer step the run is starting (models loading, workers joining): the
     # feeder is held back and workers idle whatever will bound the run later
-    first_step = min((r["time"] for r in rows if r["component"] == "trainer" and r["step"] >= 0), default=start)
+    first_step = min(
+        (r["time"] for r in rows if r["component"] == "trainer" and r["step"] >= 0), default=start
+    )
     start = max(start, first_step)
     every: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in sorted(rows, key=lambda r: r["time"]):
@@ -173,7 +213,9 @@ def measure(rows: list[dict[str, Any]], window_s: float | None = None,
     series = {k: rs for k, rs in every.items() if rs[-1]["time"] >= start}
     waits, rates, sources = {}, {}, set()
     for (component, rid), rs in series.items():
-        measured = _trainer_wait([r for r in rs if r["step"] >= 0], start, end) if component == "trainer" else None
+        measured = (
+            _trainer_wait([r for r in rs if r["step"] >= 0], start, end) if component == "trainer" else None
+        )
         if measured is None:
             continue
         policy = rid.split(".", 1)[1] if "." in rid else rid
@@ -181,25 +223,37 @@ def measure(rows: list[dict[str, Any]], window_s: float | None = None,
         sources.add(source)
     workers = [rs for (c, _), rs in series.items() if c == "worker"]
     idle = [i for i in (_worker_idle(rs, start, max_episodes) for rs in workers) if i is not None]
-    blocked = [_per_s(counter(rs, "feeder.blocked_s", start)) for (c, _), rs in series.items() if c == "feeder"]
-    made_rates = [r for r in (_per_s(counter(rs, "worker.trajectories", start)) for rs in workers) if r is not None]
+    blocked = [
+        _per_s(counter(rs, "feeder.blocked_s", start)) for (c, _), rs in series.items() if c == "feeder"
+    ]
+    made_rates = [
+        r for r in (_per_s(counter(rs, "worker.trajectories", start)) for rs in workers) if r is not None
+    ]
     made = sum(made_rates) if made_rates else None
     lag_rows = [r for r in series.get(("collector", "lag"), []) if r["time"] >= start]
     lag = {k.removeprefix("lag."): v for k, v in lag_rows[-1]["values"].items()} if lag_rows else {}
     growth = None
     backlog = [r for r in lag_rows if "lag.trajectories" in r["values"]]
     if len(backlog) >= 2 and backlog[-1]["time"] > backlog[0]["time"]:
-        growth = ((backlog[-1]["values"]["lag.trajectories"] - backlog[0]["values"]["lag.trajectories"])
-                  / (backlog[-1]["time"] - backlog[0]["time"]))
+        growth = (backlog[-1]["values"]["lag.trajectories"] - backlog[0]["values"]["lag.trajectories"]) / (
+            backlog[-1]["time"] - backlog[0]["time"]
+        )
     if growth is None:
-        growth = _backlog_growth([counter(rs, "worker.trajectories", start) for rs in workers],
-                                 [counter(rs, "trajectories.in", start) for (c, _), rs in series.items() if c == "streams"])
+        growth = _backlog_growth(
+            [counter(rs, "worker.trajectories", start) for rs in workers],
+            [counter(rs, "trajectories.in", start) for (c, _), rs in series.items() if c == "streams"],
+        )
     return Observed(
-        window_s=end - start, trainer_wait=waits, trainer_steps_per_s=rates,
+        window_s=end - start,
+        trainer_wait=waits,
+        trainer_steps_per_s=rates,
         wait_source="wait_s" if sources <= {"wait_s"} else "step times",
-        workers=len(workers), workers_idle=sum(idle) / len(idle) if idle else None,
+        workers=len(workers),
+        workers_idle=sum(idle) / len(idle) if idle else None,
         feeder_blocked=max((min(1.0, max(0.0, b)) for b in blocked if b is not None), default=None),
-        backlog_growth_per_s=growth, trajectories_per_s=made, lag=lag,
+        backlog_growth_per_s=growth,
+        trajectories_per_s=made,
+        lag=lag,
     )
 
 
@@ -208,8 +262,11 @@ def _trainer_wait(steps: list[dict[str, Any]], start: float, end: float) -> tupl
     None under two reports or over less than MIN_TRAINER_SPAN_S. After its last report it was
     either in its next step or waiting: the tail beyond one step time counts as waiting."""
     recent = [r for r in steps if r["time"] >= start] or steps
-    busy_per_step = [r["values"]["batch.tokens"] / r["values"]["tokens_per_s"] for r in recent
-                     if r["values"].get("tokens_per_s", 0) > 0 and "batch.tokens" in r["values"]]
+    busy_per_step = [
+        r["values"]["batch.tokens"] / r["values"]["tokens_per_s"]
+        for r in recent
+        if r["values"].get("tokens_per_s", 0) > 0 and "batch.tokens" in r["values"]
+    ]
     step_s = sum(busy_per_step) / len(busy_per_step) if busy_per_step else 0.0
     waits = counter(steps, "wait_s", start)
     if len(waits) >= 2 and all("wait_s" in r["values"] for r in recent):
@@ -222,7 +279,10 @@ def _trainer_wait(steps: list[dict[str, Any]], start: float, end: float) -> tupl
         if len(in_steps) < 2:
             return None
         first_t, last_t = in_steps[0]["time"], in_steps[-1]["time"]
-        waited, source = (last_t - first_t) - (in_steps[-1]["step"] - in_steps[0]["step"]) * step_s, "step times"
+        waited, source = (
+            (last_t - first_t) - (in_steps[-1]["step"] - in_steps[0]["step"]) * step_s,
+            "step times",
+        )
     span = end - first_t
     if span < MIN_TRAINER_SPAN_S or last_t <= first_t:
         return None
@@ -241,13 +301,18 @@ def _per_s(points: list[tuple[float, float]]) -> float | None:
 def _worker_idle(rs: list[dict[str, Any]], start: float, max_episodes: int) -> float | None:
     """1 - occupancy of a worker's episode slots: from `worker.episode_s` (episodes x seconds in
     flight) where reported, else the mean of the in-flight samples, which see one moment each."""
-    limit = next((r["values"]["worker.max_episodes"] for r in reversed(rs) if "worker.max_episodes" in r["values"]),
-                 float(max_episodes))
+    limit = next(
+        (r["values"]["worker.max_episodes"] for r in reversed(rs) if "worker.max_episodes" in r["values"]),
+        float(max_episodes),
+    )
     busy = _per_s(counter(rs, "worker.episode_s", start))
     if busy is not None:
         return 1.0 - min(1.0, busy / limit)
-    samples = [min(1.0, r["values"]["worker.in_flight"] / limit) for r in rs
-               if r["time"] >= start and "worker.in_flight" in r["values"]]
+    samples = [
+        min(1.0, r["values"]["worker.in_flight"] / limit)
+        for r in rs
+        if r["time"] >= start and "worker.in_flight" in r["values"]
+    ]
     return 1.0 - sum(samples) / len(samples) if samples else None
 
 
@@ -259,7 +324,9 @@ def _at(points: list[tuple[float, float]], t: float) -> float:
     return points[-1][1]
 
 
-def _backlog_growth(made: list[list[tuple[float, float]]], taken: list[list[tuple[float, float]]]) -> float | None:
+def _backlog_growth(
+    made: list[list[tuple[float, float]]], taken: list[list[tuple[float, float]]]
+) -> float | None:
     """Records/s by which what producers wrote outgrows what consumers read, over the span every
     one of them reported in (comparing rates over different spans mistakes start-up for a backlog)."""
     made, taken = [m for m in made if len(m) >= 2], [t for t in taken if len(t) >= 2]

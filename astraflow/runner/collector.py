@@ -64,8 +64,14 @@ class Snapshot:
 class MetricsCollector:
     """Consumes `metrics` and `weights` in a background thread; `snapshot()` is thread-safe."""
 
-    def __init__(self, settings: KafkaSettings, jsonl: Path | None = None, since_s: float | None = None,
-                 worker_group: str = "workers", streams_group: str | None = None) -> None:
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        jsonl: Path | None = None,
+        since_s: float | None = None,
+        worker_group: str = "workers",
+        streams_group: str | None = None,
+    ) -> None:
         self.settings = settings
         self.jsonl = jsonl
         self.since_s = since_s
@@ -93,8 +99,7 @@ class MetricsCollector:
 
     def _run(self) -> None:
         group = f"astraflow-collector-{uuid.uuid4().hex[:8]}"
-        reader = TopicReader(self.settings, [METRICS, WEIGHTS], group=group,
-                             **{"enable.auto.commit": False})
+        reader = TopicReader(self.settings, [METRICS, WEIGHTS], group=group, **{"enable.auto.commit": False})
         # The probe consumers live for the whole run, made and dropped in this thread: a client
         # created and destroyed every few seconds is what confluent-kafka's garbage-collection
         # crashes need (confluent-kafka-python #2129), and it costs a connection each time.
@@ -131,11 +136,20 @@ class MetricsCollector:
         ends: dict[tuple[str, int], int] = {}
         for topic in reader.topics:
             try:
-                ends.update({(topic, p): high for p, high in
-                             reader.end_offsets(topic, max(1.0, deadline - time.monotonic())).items()})
+                ends.update(
+                    {
+                        (topic, p): high
+                        for p, high in reader.end_offsets(
+                            topic, max(1.0, deadline - time.monotonic())
+                        ).items()
+                    }
+                )
             except (KafkaException, KafkaReadError) as exc:
-                log.warning("metrics collector: no end offsets of %s (%s); the report may miss its last records",
-                            topic, exc)
+                log.warning(
+                    "metrics collector: no end offsets of %s (%s); the report may miss its last records",
+                    topic,
+                    exc,
+                )
         try:
             for msg in reader.to_end(max(0.0, deadline - time.monotonic()), ends=ends):
                 self._ingest(msg.topic(), msg.value(), out)
@@ -159,15 +173,27 @@ class MetricsCollector:
         if self.since_s is not None and record.time < time.time() - self.since_s:
             return
         if out is not None:
-            out.write(json.dumps({"component": record.component, "id": record.id, "region": record.region,
-                                  "time": record.time, "step": record.step, "values": record.values}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "component": record.component,
+                        "id": record.id,
+                        "region": record.region,
+                        "time": record.time,
+                        "step": record.step,
+                        "values": record.values,
+                    }
+                )
+                + "\n"
+            )
         key = (record.component, record.id)
         with self._lock:
             self._snap.metrics_seen += 1
             inst = self._snap.instances.get(key)
             if inst is None:
-                inst = self._snap.instances[key] = Instance(record.component, record.id, record.region,
-                                                            record.time, record.step, {})
+                inst = self._snap.instances[key] = Instance(
+                    record.component, record.id, record.region, record.time, record.step, {}
+                )
             if record.time >= inst.time:
                 inst.values.update(record.values)
                 inst.time, inst.step, inst.region = record.time, record.step, record.region
@@ -175,8 +201,9 @@ class MetricsCollector:
 
     def _refresh_lag(self, probes: Probes, out: IO[str] | None = None) -> None:
         try:
-            lag = consumer_lag(self.settings, {TASKS: self.worker_group, TRAJECTORIES: self.streams_group},
-                               probes)
+            lag = consumer_lag(
+                self.settings, {TASKS: self.worker_group, TRAJECTORIES: self.streams_group}, probes
+            )
             dead = topic_size(self.settings, DEADLETTER, probes)
         except Exception as exc:  # noqa: BLE001 - lag is best effort while the cluster starts
             log.debug("lag refresh failed: %s", exc)
@@ -184,8 +211,19 @@ class MetricsCollector:
         now = time.time()
         values = {f"lag.{stage}": float(n) for stage, n in lag.items()}
         if values and out is not None:
-            out.write(json.dumps({"component": "collector", "id": "lag", "region": "local", "time": now,
-                                  "step": -1, "values": values}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "component": "collector",
+                        "id": "lag",
+                        "region": "local",
+                        "time": now,
+                        "step": -1,
+                        "values": values,
+                    }
+                )
+                + "\n"
+            )
         with self._lock:
             self._snap.lag.update(lag)
             self._snap.deadletters = dead
@@ -197,10 +235,14 @@ class MetricsCollector:
     def snapshot(self) -> Snapshot:
         with self._lock:
             snap = Snapshot(
-                instances={k: Instance(**{**v.__dict__, "values": dict(v.values)})
-                           for k, v in self._snap.instances.items()},
-                weights=dict(self._snap.weights), lag=dict(self._snap.lag),
-                deadletters=self._snap.deadletters, metrics_seen=self._snap.metrics_seen,
+                instances={
+                    k: Instance(**{**v.__dict__, "values": dict(v.values)})
+                    for k, v in self._snap.instances.items()
+                },
+                weights=dict(self._snap.weights),
+                lag=dict(self._snap.lag),
+                deadletters=self._snap.deadletters,
+                metrics_seen=self._snap.metrics_seen,
                 started=self._snap.started,
             )
         return snap
@@ -254,8 +296,10 @@ def _watermarks(consumer: Any, topic: str, timeout: float = 5.0) -> dict[int, tu
     md = consumer.list_topics(topic, timeout=timeout)
     if topic not in md.topics or md.topics[topic].error is not None:
         return {}
-    return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
-            for p in md.topics[topic].partitions}
+    return {
+        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+        for p in md.topics[topic].partitions
+    }
 
 
 def topic_size(settings: KafkaSettings, base: str, probes: Probes) -> int:

@@ -53,10 +53,16 @@ class PolicyLedger:
     """trained although no task of that group was fed: a ledger that does not add up."""
 
     def counts(self) -> dict[str, int]:
-        return {"trained": sum(1 for n in self.trained.values() if n), "duplicated": self.duplicated(),
-                "stale": len(self.stale), "dropped": len(self.dropped), "at_trainer": len(self.at_trainer),
-                "in_streams": len(self.in_streams), "not_rolled_out": len(self.not_rolled_out),
-                "never_fed": len(self.never_fed)}
+        return {
+            "trained": sum(1 for n in self.trained.values() if n),
+            "duplicated": self.duplicated(),
+            "stale": len(self.stale),
+            "dropped": len(self.dropped),
+            "at_trainer": len(self.at_trainer),
+            "in_streams": len(self.in_streams),
+            "not_rolled_out": len(self.not_rolled_out),
+            "never_fed": len(self.never_fed),
+        }
 
     def duplicated(self) -> int:
         return sum(n - 1 for n in self.trained.values() if n > 1)
@@ -78,19 +84,26 @@ class Ledger:
         `drained=False` (taken while tasks are still in flight) only duplicates count."""
         out = []
         if self.refed():
-            out.append(f"{self.refed()} tasks published twice: "
-                       f"{sorted(g for g, n in self.fed.items() if n > 1)[:5]}")
+            out.append(
+                f"{self.refed()} tasks published twice: {sorted(g for g, n in self.fed.items() if n > 1)[:5]}"
+            )
         for p, pl in self.policies.items():
             if pl.duplicated():
-                out.append(f"{p}: {pl.duplicated()} groups trained twice: "
-                           f"{sorted(g for g, n in pl.trained.items() if n > 1)[:5]}")
+                out.append(
+                    f"{p}: {pl.duplicated()} groups trained twice: "
+                    f"{sorted(g for g, n in pl.trained.items() if n > 1)[:5]}"
+                )
             if pl.never_fed:
-                out.append(f"{p}: {len(pl.never_fed)} trained groups were never fed: {sorted(pl.never_fed)[:5]}")
+                out.append(
+                    f"{p}: {len(pl.never_fed)} trained groups were never fed: {sorted(pl.never_fed)[:5]}"
+                )
             if not drained:
                 continue
             if len(pl.at_trainer) >= batch_groups:
-                out.append(f"{p}: {len(pl.at_trainer)} complete groups wait in the trainer (a batch is "
-                           f"{batch_groups}): {sorted(pl.at_trainer)[:5]}")
+                out.append(
+                    f"{p}: {len(pl.at_trainer)} complete groups wait in the trainer (a batch is "
+                    f"{batch_groups}): {sorted(pl.at_trainer)[:5]}"
+                )
             for where in ("in_streams", "not_rolled_out"):
                 lost = getattr(pl, where)
                 if lost:
@@ -106,9 +119,12 @@ class Ledger:
         return "; ".join(parts) + (f"; streams metrics: {reasons}" if reasons else "")
 
     def to_json(self) -> dict[str, Any]:
-        return {"fed": sum(self.fed.values()), "refed": self.refed(),
-                "policies": {p: pl.counts() for p, pl in self.policies.items()},
-                "stream_drop_reasons": self.stream_drop_reasons}
+        return {
+            "fed": sum(self.fed.values()),
+            "refed": self.refed(),
+            "policies": {p: pl.counts() for p, pl in self.policies.items()},
+            "stream_drop_reasons": self.stream_drop_reasons,
+        }
 
 
 def trainer_ledger(run_dir: Path, policy: str) -> list[dict[str, Any]]:
@@ -157,8 +173,11 @@ def build(run_dir: Path, settings: KafkaSettings, policies: list[str], timeout: 
     for _, rec in read_to_end(settings, TASK_STATS, timeout):
         if isinstance(rec, TaskStats):
             stats[rec.task_id] = rec  # compacted by task: the newest counts
-    rolled = {rec.group_id for _, rec in read_to_end(settings, TRAJECTORIES, timeout)
-              if isinstance(rec, (Trajectory, TrajectoryBatch))}
+    rolled = {
+        rec.group_id
+        for _, rec in read_to_end(settings, TRAJECTORIES, timeout)
+        if isinstance(rec, (Trajectory, TrajectoryBatch))
+    }
     ledgers = {}
     for policy in policies:
         pl = PolicyLedger(policy)
@@ -168,8 +187,11 @@ def build(run_dir: Path, settings: KafkaSettings, policies: list[str], timeout: 
             else:
                 pl.stale.update(entry["groups"])
         pl.stale -= set(pl.trained)  # a group of a discarded batch retrained later was trained
-        sampled = {rec.group_id for _, rec in read_to_end(settings, samples(policy), timeout)
-                   if isinstance(rec, (Sample, SampleBatch))}
+        sampled = {
+            rec.group_id
+            for _, rec in read_to_end(settings, samples(policy), timeout)
+            if isinstance(rec, (Sample, SampleBatch))
+        }
         pl.never_fed = {g for g in [*pl.trained, *pl.stale] if g not in fed}
         for task_id, groups in tasks_of.items():
             open_groups = [g for g in groups if g not in pl.trained and g not in pl.stale]
@@ -196,7 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     if not settings.bootstrap:
         local = broker.local_bootstrap(run_dir / "broker")
         if local is None:
-            print(f"no broker: set ASTRAFLOW_BOOTSTRAP or start the run's own ({run_dir / 'broker'})", file=sys.stderr)
+            print(
+                f"no broker: set ASTRAFLOW_BOOTSTRAP or start the run's own ({run_dir / 'broker'})",
+                file=sys.stderr,
+            )
             return 2
         settings = settings.model_copy(update={"bootstrap": local})
     ledger = build(run_dir, settings, recipe.policy_names)

@@ -47,7 +47,9 @@ def trainer_series(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, float
     return {p: [steps[s] for s in sorted(steps)] for p, steps in by_policy.items()}
 
 
-def permutation_p_value(first: list[float], last: list[float], rounds: int = PERMUTATIONS, seed: int = 0) -> float:
+def permutation_p_value(
+    first: list[float], last: list[float], rounds: int = PERMUTATIONS, seed: int = 0
+) -> float:
     """One-sided p-value that mean(last) - mean(first) is this large by chance. The permutations are
     one matrix (rounds x pooled values, shuffled row by row): 10,000 of 200 values take ~0.05 s,
     where a Python loop took 0.7 s, twice per policy at the end of every run."""
@@ -58,7 +60,7 @@ def permutation_p_value(first: list[float], last: list[float], rounds: int = PER
     observed = sum(last) / len(last) - sum(first) / len(first)
     pooled = np.tile(np.asarray(first + last, dtype=np.float64), (rounds, 1))
     shuffled = np.random.default_rng(seed).permuted(pooled, axis=1)
-    a, b = shuffled[:, :len(first)].mean(axis=1), shuffled[:, len(first):].mean(axis=1)
+    a, b = shuffled[:, : len(first)].mean(axis=1), shuffled[:, len(first) :].mean(axis=1)
     hits = int(np.count_nonzero(b - a >= observed - 1e-12))
     return (hits + 1) / (rounds + 1)
 
@@ -69,9 +71,11 @@ def learning(series: list[dict[str, float]], key: str = "reward.mean") -> dict[s
         return {"steps": float(len(values))}
     tenth = max(1, len(values) // 10)
     first, last = values[:tenth], values[-tenth:]
-    windows = [sum(values[i:i + tenth]) / tenth for i in range(len(values) - tenth + 1)]
+    windows = [sum(values[i : i + tenth]) / tenth for i in range(len(values) - tenth + 1)]
     return {
-        "steps": float(len(values)), "first_tenth": sum(first) / len(first), "last_tenth": sum(last) / len(last),
+        "steps": float(len(values)),
+        "first_tenth": sum(first) / len(first),
+        "last_tenth": sum(last) / len(last),
         "best_tenth": max(windows),  # the best run of a tenth of the steps: what the run reached
         "improvement": sum(last) / len(last) - sum(first) / len(first),
         "p_value": permutation_p_value(first, last),
@@ -175,22 +179,32 @@ def scaling(rows: list[dict[str, Any]], max_episodes: int = DEFAULT_MAX_EPISODES
     times = [r["time"] for r in rows if r["component"] == "trainer" and r["step"] >= 0]
     window = max((max(times) - min(times)) / 2, MIN_SUMMARY_WINDOW_S) if times else None
     obs = measure(rows, window_s=window, max_episodes=max_episodes, end=max(times) if times else None)
-    return {**advise(obs).as_dict(), "window_s": round(obs.window_s, 1), "trainer_wait": obs.trainer_wait,
-            "trainer_steps_per_s": obs.trainer_steps_per_s,
-            "wait_source": obs.wait_source, "workers_idle": obs.workers_idle, "feeder_blocked": obs.feeder_blocked,
-            "backlog_growth_per_s": obs.backlog_growth_per_s}
+    return {
+        **advise(obs).as_dict(),
+        "window_s": round(obs.window_s, 1),
+        "trainer_wait": obs.trainer_wait,
+        "trainer_steps_per_s": obs.trainer_steps_per_s,
+        "wait_source": obs.wait_source,
+        "workers_idle": obs.workers_idle,
+        "feeder_blocked": obs.feeder_blocked,
+        "backlog_growth_per_s": obs.backlog_growth_per_s,
+    }
 
 
-def summarize(rows: list[dict[str, Any]], extra: dict[str, Any] | None = None,
-              max_episodes: int = DEFAULT_MAX_EPISODES) -> dict[str, Any]:
+def summarize(
+    rows: list[dict[str, Any]], extra: dict[str, Any] | None = None, max_episodes: int = DEFAULT_MAX_EPISODES
+) -> dict[str, Any]:
     series = trainer_series(rows)
     summary: dict[str, Any] = {"policies": {}, **(extra or {})}
     for policy, s in series.items():
         last = s[-1] if s else {}
         summary["policies"][policy] = {
-            "steps": int(last.get("step", 0)), "version": int(last.get("version", 0)),
-            "reward": learning(s, "reward.mean"), "success": learning(s, "reward.success"),
-            "final_success": last.get("reward.success"), "groups_trained": last.get("groups.trained"),
+            "steps": int(last.get("step", 0)),
+            "version": int(last.get("version", 0)),
+            "reward": learning(s, "reward.mean"),
+            "success": learning(s, "reward.success"),
+            "final_success": last.get("reward.success"),
+            "groups_trained": last.get("groups.trained"),
             "stale_dropped": last.get("samples.stale"),
         }
     workers = {r["id"] for r in rows if r["component"] == "worker"}
@@ -201,26 +215,35 @@ def summarize(rows: list[dict[str, Any]], extra: dict[str, Any] | None = None,
 
 
 def summary_text(summary: dict[str, Any]) -> str:
-    lines = [f"run: {summary.get('recipe', '?')}  wall time {summary.get('wall_minutes', 0):.1f} min  "
-             f"stopped because: {summary.get('stop_reason', '?')}"]
+    lines = [
+        f"run: {summary.get('recipe', '?')}  wall time {summary.get('wall_minutes', 0):.1f} min  "
+        f"stopped because: {summary.get('stop_reason', '?')}"
+    ]
     for policy, p in summary["policies"].items():
         r, s = p["reward"], p["success"]
         lines.append(f"policy {policy}: {p['steps']} steps, weight version {p['version']}")
         if "first_tenth" in r:
-            lines.append(f"  reward  first tenth {r['first_tenth']:.3f} -> last tenth {r['last_tenth']:.3f} "
-                         f"(one-sided permutation p = {r['p_value']:.4f})")
+            lines.append(
+                f"  reward  first tenth {r['first_tenth']:.3f} -> last tenth {r['last_tenth']:.3f} "
+                f"(one-sided permutation p = {r['p_value']:.4f})"
+            )
         if "first_tenth" in s:
-            lines.append(f"  success first tenth {s['first_tenth']:.1%} -> last tenth {s['last_tenth']:.1%} "
-                         f"(best tenth {s['best_tenth']:.1%})")
-    lines.append(f"workers: {len(summary['workers'])}; dead letters: {summary.get('deadletters', 0)}; "
-                 f"restarts: {summary.get('restarts', {})}")
+            lines.append(
+                f"  success first tenth {s['first_tenth']:.1%} -> last tenth {s['last_tenth']:.1%} "
+                f"(best tenth {s['best_tenth']:.1%})"
+            )
+    lines.append(
+        f"workers: {len(summary['workers'])}; dead letters: {summary.get('deadletters', 0)}; "
+        f"restarts: {summary.get('restarts', {})}"
+    )
     if "scaling" in summary:
         lines.append(f"scaling: {summary['scaling']['line']}")
     return "\n".join(lines)
 
 
-def write_report(run_dir: Path, extra: dict[str, Any] | None = None,
-                 max_episodes: int = DEFAULT_MAX_EPISODES) -> dict[str, Any]:
+def write_report(
+    run_dir: Path, extra: dict[str, Any] | None = None, max_episodes: int = DEFAULT_MAX_EPISODES
+) -> dict[str, Any]:
     """Write tensorboard/, plots/*.png, summary.json and summary.txt under `run_dir`."""
     rows = load_metrics(run_dir / "metrics.jsonl")
     write_tensorboard(rows, run_dir / "tensorboard")

@@ -78,13 +78,21 @@ def components(recipe: Recipe, recipe_path: Path, run_dir: Path, opts: RunOption
         if max_steps:
             args += ["--max-steps", str(max_steps)]
         out.append(Component(f"trainer-{policy}", args, stage=0, stop_timeout_s=120))
-    out.append(Component("streams", ["streams", *common, "--data-dir", str(run_dir / "streams-data")], stage=1))
+    out.append(
+        Component("streams", ["streams", *common, "--data-dir", str(run_dir / "streams-data")], stage=1)
+    )
     count = recipe.worker.count if opts.workers is None else opts.workers
     regions = recipe.worker.regions or ["local"]
     for i in range(count):
         region = regions[i % len(regions)]
-        out.append(Component(f"worker-{i}", ["worker", *common, "--region", region, "--id", f"worker-{i}"],
-                             stage=2, stop_timeout_s=recipe.worker.drain_timeout_s + 30))
+        out.append(
+            Component(
+                f"worker-{i}",
+                ["worker", *common, "--region", region, "--id", f"worker-{i}"],
+                stage=2,
+                stop_timeout_s=recipe.worker.drain_timeout_s + 30,
+            )
+        )
     out.append(Component("feeder", ["feed", *common], stage=3, stop_timeout_s=30))
     threads = torch_threads(len(recipe.policy_names) + count)
     for c in out:
@@ -96,7 +104,9 @@ def component_kind(name: str) -> str:
     """The principal of a component (`trainer-solver` -> `trainer`, `worker-3` -> `worker`)."""
     kind = name.split("-", 1)[0]
     if kind not in secure.KINDS:
-        raise ConfigError(f"component {name!r} has no principal of its own (known: {', '.join(secure.KINDS)})")
+        raise ConfigError(
+            f"component {name!r} has no principal of its own (known: {', '.join(secure.KINDS)})"
+        )
     return kind
 
 
@@ -120,8 +130,9 @@ class Run:
         self.recipe = load_recipe(recipe_path)
         self.opts = opts
         # plain text: event, progress and summary lines hold paths and "[progress]", not rich markup
-        self.console = console or Console(stderr=True, soft_wrap=not sys.stderr.isatty(), markup=False,
-                                          highlight=False)
+        self.console = console or Console(
+            stderr=True, soft_wrap=not sys.stderr.isatty(), markup=False, highlight=False
+        )
         self.run_dir = run_dir_of(self.recipe, opts.run_dir).resolve()
         self.events: list[str] = []
         self.stop_reason = "running"
@@ -148,15 +159,26 @@ class Run:
                 settings = settings.model_copy(update={"namespace": self.recipe.name})
             self.event(f"using Kafka at {settings.bootstrap} (namespace {settings.namespace})")
             return settings
-        state = broker.start(port=0, data_dir=self.run_dir / "broker", progress=self.event, die_with_parent=True,
-                             on_address=lambda b: self._start_early(settings.model_copy(update={"bootstrap": b})))
+        state = broker.start(
+            port=0,
+            data_dir=self.run_dir / "broker",
+            progress=self.event,
+            die_with_parent=True,
+            on_address=lambda b: self._start_early(settings.model_copy(update={"bootstrap": b})),
+        )
         self.started_broker = True
-        self.event(f"local Kafka {broker.kafka_version()} at {state.bootstrap} (data {self.run_dir / 'broker'})")
+        self.event(
+            f"local Kafka {broker.kafka_version()} at {state.bootstrap} (data {self.run_dir / 'broker'})"
+        )
         return settings.model_copy(update={"bootstrap": state.bootstrap})
 
     def _supervisor(self, settings: KafkaSettings) -> Supervisor:
-        env = {**os.environ, **self.opts.extra_env, "ASTRAFLOW_BOOTSTRAP": settings.require_bootstrap(),
-               TOPICS_WAIT_ENV: str(TOPICS_WAIT_S)}
+        env = {
+            **os.environ,
+            **self.opts.extra_env,
+            "ASTRAFLOW_BOOTSTRAP": settings.require_bootstrap(),
+            TOPICS_WAIT_ENV: str(TOPICS_WAIT_S),
+        }
         if settings.namespace:
             env["ASTRAFLOW_NAMESPACE"] = settings.namespace
         sup = Supervisor(self.run_dir, env, on_event=self.event)
@@ -174,14 +196,20 @@ class Run:
     def _secure_kafka(self, settings: KafkaSettings) -> KafkaSettings:
         """The run's own secured broker; this process connects as its `admin` super user."""
         if settings.bootstrap:
-            raise ConfigError(f"--secure starts a secured local broker, but a bootstrap is configured "
-                              f"({settings.bootstrap}); for a secured cluster of your own, set its ASTRAFLOW_SASL_* "
-                              f"and ASTRAFLOW_SSL_* variables instead of --secure")
+            raise ConfigError(
+                f"--secure starts a secured local broker, but a bootstrap is configured "
+                f"({settings.bootstrap}); for a secured cluster of your own, set its ASTRAFLOW_SASL_* "
+                f"and ASTRAFLOW_SSL_* variables instead of --secure"
+            )
         data_dir = self.run_dir / "broker"
-        state = broker.start(port=0, data_dir=data_dir, progress=self.event, die_with_parent=True, secured=True)
+        state = broker.start(
+            port=0, data_dir=data_dir, progress=self.event, die_with_parent=True, secured=True
+        )
         self.started_broker = True
-        self.event(f"local Kafka {broker.kafka_version()} at {state.bootstrap}, SASL_SSL (SCRAM-SHA-512) with ACLs "
-                   f"(credentials in {data_dir / 'secure'})")
+        self.event(
+            f"local Kafka {broker.kafka_version()} at {state.bootstrap}, SASL_SSL (SCRAM-SHA-512) with ACLs "
+            f"(credentials in {data_dir / 'secure'})"
+        )
         env = secure.credentials(data_dir, "admin").env(state.bootstrap)
         return KafkaSettings.from_env(settings, environ=env)
 
@@ -189,7 +217,9 @@ class Run:
         """Least-privilege ACLs for this run's namespace and policies, each component's own principal
         in its environment (it never sees another kind's password), and a weight-server token for
         the trainers and workers."""
-        grants = acls.plan(settings, self.recipe.policy_names, self.recipe.streams.app_id, self.recipe.worker.group)
+        grants = acls.plan(
+            settings, self.recipe.policy_names, self.recipe.streams.app_id, self.recipe.worker.group
+        )
         acls.apply(self.admin, grants)
         self.event(f"ACLs: {len(grants)} grants for trainer, streams, worker and feeder")
         data_dir = self.run_dir / "broker"
@@ -235,9 +265,12 @@ class Run:
             self.sup = self.sup or self._supervisor(settings)
             if self.opts.secure:  # every component starts here, after its grants
                 self._grant(settings, self.sup.components)
-            collector = MetricsCollector(settings, jsonl=self.run_dir / "metrics.jsonl",
-                                  streams_group=self.recipe.streams.app_id,
-                                  worker_group=self.recipe.worker.group).start()
+            collector = MetricsCollector(
+                settings,
+                jsonl=self.run_dir / "metrics.jsonl",
+                streams_group=self.recipe.streams.app_id,
+                worker_group=self.recipe.worker.group,
+            ).start()
             self.sup.start_all()
             self._watch(self.sup, collector, started)
         except KeyboardInterrupt:
@@ -263,18 +296,25 @@ class Run:
         sup: Supervisor | None = self.sup
         try:
             restarts = {c.name: c.restarts for c in sup.components if c.restarts} if sup else {}
-            extra = {"recipe": self.recipe.name, "run_dir": str(self.run_dir), "stop_reason": self.stop_reason,
-                     "wall_minutes": (time.time() - started) / 60, "restarts": restarts,
-                     "deadletters": collector.snapshot().deadletters if collector else 0,
-                     "checkpoints": self._latest_checkpoints(),
-                     "failed": [c.name for c in sup.failed()] if sup else []}
+            extra = {
+                "recipe": self.recipe.name,
+                "run_dir": str(self.run_dir),
+                "stop_reason": self.stop_reason,
+                "wall_minutes": (time.time() - started) / 60,
+                "restarts": restarts,
+                "deadletters": collector.snapshot().deadletters if collector else 0,
+                "checkpoints": self._latest_checkpoints(),
+                "failed": [c.name for c in sup.failed()] if sup else [],
+            }
             summary = write_report(self.run_dir, extra, max_episodes=self.recipe.worker.max_episodes)
         finally:
             if broker_stop is not None:
                 self._join_broker(broker_stop)
         self.console.print(summary_text(summary))
-        self.console.print(f"report: {self.run_dir}/summary.txt, plots in {self.run_dir}/plots, "
-                           f"tensorboard --logdir {self.run_dir}/tensorboard")
+        self.console.print(
+            f"report: {self.run_dir}/summary.txt, plots in {self.run_dir}/plots, "
+            f"tensorboard --logdir {self.run_dir}/tensorboard"
+        )
         return summary
 
     def _stop_broker(self) -> threading.Thread:
@@ -298,11 +338,16 @@ class Run:
         max_steps = self.opts.max_steps or self.recipe.run.max_steps
         max_minutes = self.opts.max_minutes or self.recipe.run.max_minutes
         trainers = [c for c in sup.components if c.name.startswith("trainer-")]
-        live = Live(console=self.console, refresh_per_second=2, transient=False) if self.opts.dashboard else None
+        live = (
+            Live(console=self.console, refresh_per_second=2, transient=False) if self.opts.dashboard else None
+        )
         stalls = StallDetector()
         t = self.recipe.trainer
-        window = ((self.recipe.max_staleness + 1) * t.publish_every * t.batch_groups
-                  if self.recipe.feeder.admission else None)
+        window = (
+            (self.recipe.max_staleness + 1) * t.publish_every * t.batch_groups
+            if self.recipe.feeder.admission
+            else None
+        )
         with live if live is not None else contextlib.nullcontext():
             last_line = last_advice = 0.0
             advice, regime = None, "unknown"
@@ -314,18 +359,32 @@ class Run:
                 for line in stalls.update(steps, time.time(), flow, done):
                     self.event(line)  # also in events.log: a hang is never silent
                     asked = sup.dump_stacks()
-                    self.event(f"stall: the thread stacks of {', '.join(asked)} are in their logs ({self.run_dir}/logs)")
+                    self.event(
+                        f"stall: the thread stacks of {', '.join(asked)} are in their logs ({self.run_dir}/logs)"
+                    )
                 if time.time() - last_advice > ADVICE_EVERY_S:
                     last_advice = time.time()
-                    advice = advise(measure(rows_from_history(collector.history()), window_s=ADVICE_WINDOW_S,
-                                            max_episodes=self.recipe.worker.max_episodes))
+                    advice = advise(
+                        measure(
+                            rows_from_history(collector.history()),
+                            window_s=ADVICE_WINDOW_S,
+                            max_episodes=self.recipe.worker.max_episodes,
+                        )
+                    )
                     if advice.regime != regime:  # a change of regime is an event; its numbers are not
                         regime = advice.regime
                         self.event(f"scaling: {advice.line}")
                 if live is not None:
-                    live.update(render(snap, self.recipe.policy_names, f"astraflow run {self.recipe.name}",
-                                       self.events, advice.line if advice else None,
-                                       stall=stalls.current()))
+                    live.update(
+                        render(
+                            snap,
+                            self.recipe.policy_names,
+                            f"astraflow run {self.recipe.name}",
+                            self.events,
+                            advice.line if advice else None,
+                            stall=stalls.current(),
+                        )
+                    )
                 elif time.time() - last_line > 15:
                     last_line = time.time()
                     self._progress_line(snap)
@@ -345,10 +404,14 @@ class Run:
             t = next((i for i in snap.of("trainer") if i.id == f"trainer.{p}"), None)
             if t is not None:
                 v = t.values
-                parts.append(f"{p}: step {v.get('step', 0):.0f} reward {v.get('reward.mean', float('nan')):.3f}")
+                parts.append(
+                    f"{p}: step {v.get('step', 0):.0f} reward {v.get('reward.mean', float('nan')):.3f}"
+                )
         tokens = sum(w.values.get("worker.tokens_per_s", 0) for w in snap.of("worker"))
-        self.console.print(f"[progress] {'; '.join(parts) or 'waiting for the first step'}; "
-                           f"rollout {tokens:.0f} tokens/s; dead letters {snap.deadletters}")
+        self.console.print(
+            f"[progress] {'; '.join(parts) or 'waiting for the first step'}; "
+            f"rollout {tokens:.0f} tokens/s; dead letters {snap.deadletters}"
+        )
 
 
 def save_json(path: Path, data: Any) -> None:

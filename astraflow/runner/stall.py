@@ -70,11 +70,16 @@ def stall_line(policy: str, step: int, stalled_s: float, flow: Flow) -> str:
         parts.append(f"feeder blocked at ahead {flow.feeder_ahead:.0f}")
     else:
         parts.append(f"feeder ahead {flow.feeder_ahead:.0f}")
-    parts.append("workers idle" if not flow.episodes_in_flight else
-                 f"workers busy ({flow.episodes_in_flight:.0f} episodes in flight)")
+    parts.append(
+        "workers idle"
+        if not flow.episodes_in_flight
+        else f"workers busy ({flow.episodes_in_flight:.0f} episodes in flight)"
+    )
     parts.append(f"tasks lag {'-' if flow.tasks_lag is None else flow.tasks_lag}")
-    parts.append(f"streams lag {'-' if flow.streams_lag is None else flow.streams_lag}, "
-                 f"{flow.streams_pending:.0f} pending")
+    parts.append(
+        f"streams lag {'-' if flow.streams_lag is None else flow.streams_lag}, "
+        f"{flow.streams_pending:.0f} pending"
+    )
     parts.append(f"suspect: {suspect(flow)}")
     return "; ".join(parts)
 
@@ -102,7 +107,9 @@ class StallDetector:
             return max(self.min_s, self.first_step_s)
         return max(self.min_s, self.factor * statistics.median(clock.intervals))
 
-    def update(self, steps: dict[str, int], now: float, flow: Flow, done: frozenset[str] = frozenset()) -> list[str]:
+    def update(
+        self, steps: dict[str, int], now: float, flow: Flow, done: frozenset[str] = frozenset()
+    ) -> list[str]:
         events = []
         for policy, step in steps.items():
             clock = self.clocks.get(policy)
@@ -112,7 +119,9 @@ class StallDetector:
             if step > clock.step:
                 clock.intervals.append((now - clock.since) / (step - clock.step))
                 if clock.stalled:
-                    events.append(f"stall over: trainer {policy} at step {step} after {now - clock.since:.0f} s")
+                    events.append(
+                        f"stall over: trainer {policy} at step {step} after {now - clock.since:.0f} s"
+                    )
                 clock.step, clock.since, clock.stalled = step, now, False
             elif policy not in done and not clock.stalled and now - clock.since >= self.limit(clock):
                 clock.stalled = True
@@ -136,9 +145,12 @@ def observe(snap: Snapshot, policies: list[str], window: float | None) -> tuple[
     feeder = snap.of("feeder")
     workers = snap.of("worker")
     flow = Flow(
-        feeder_ahead=feeder[0].values.get("feeder.ahead") if feeder else None, window=window,
-        episodes_in_flight=sum(w.values.get("worker.in_flight", 0.0) for w in workers), workers=len(workers),
-        tasks_lag=snap.lag.get(TASKS), streams_lag=snap.lag.get(TRAJECTORIES),
+        feeder_ahead=feeder[0].values.get("feeder.ahead") if feeder else None,
+        window=window,
+        episodes_in_flight=sum(w.values.get("worker.in_flight", 0.0) for w in workers),
+        workers=len(workers),
+        tasks_lag=snap.lag.get(TASKS),
+        streams_lag=snap.lag.get(TRAJECTORIES),
         streams_pending=sum(s.values.get("trajectories.pending", 0.0) for s in snap.of("streams")),
     )
     return steps, flow

@@ -43,8 +43,10 @@ def exit_when_orphaned(grace_s: float = ORPHAN_GRACE_S, interval_s: float = 0.5)
         while os.getppid() == int(supervisor):
             time.sleep(interval_s)
         time.sleep(grace_s)
-        sys.stderr.write(f"astraflow: the supervisor (PID {supervisor}) is gone and this process did not stop "
-                         f"within {grace_s:.0f}s: exiting\n")
+        sys.stderr.write(
+            f"astraflow: the supervisor (PID {supervisor}) is gone and this process did not stop "
+            f"within {grace_s:.0f}s: exiting\n"
+        )
         sys.stderr.flush()
         os._exit(1)
 
@@ -108,8 +110,13 @@ class Component:
 class Supervisor:
     """Starts components in stage order, restarts crashes with backoff, stops in reverse order."""
 
-    def __init__(self, run_dir: Path, env: dict[str, str], max_restarts: int = 20,
-                 on_event: Callable[[str], None] = lambda _: None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        env: dict[str, str],
+        max_restarts: int = 20,
+        on_event: Callable[[str], None] = lambda _: None,
+    ) -> None:
         self.run_dir = run_dir
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -138,8 +145,13 @@ class Supervisor:
         logfile.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} astraflow {' '.join(c.args)}\n".encode())
         logfile.flush()
         c.proc = subprocess.Popen(
-            [sys.executable, "-m", "astraflow.cli", *c.args], stdout=logfile, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, env=env, cwd=os.getcwd(), start_new_session=True,
+            [sys.executable, "-m", "astraflow.cli", *c.args],
+            stdout=logfile,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=os.getcwd(),
+            start_new_session=True,
             preexec_fn=die_with_parent_signal,
         )
         logfile.close()
@@ -182,7 +194,9 @@ class Supervisor:
             backoff = min(30.0, 2.0 ** min(c.restarts - 1, 5))
             c.next_start = now + backoff
             c.exit_code = None
-            self.on_event(f"{c.name} crashed with status {code}; restarting in {backoff:.0f}s. Log tail:\n{tail}")
+            self.on_event(
+                f"{c.name} crashed with status {code}; restarting in {backoff:.0f}s. Log tail:\n{tail}"
+            )
         return done
 
     @staticmethod

@@ -28,8 +28,15 @@ if TYPE_CHECKING:
 
 _LAZY = {"HeldWeights": "fetch", "fetch_weights": "fetch", "WeightStore": "store", "WeightServer": "server"}
 
-__all__ = ["HeldWeights", "WeightIntegrityError", "WeightNotFoundError", "WeightServer", "WeightStore",
-           "WeightStoreError", "fetch_weights"]
+__all__ = [
+    "HeldWeights",
+    "WeightIntegrityError",
+    "WeightNotFoundError",
+    "WeightServer",
+    "WeightStore",
+    "WeightStoreError",
+    "fetch_weights",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -46,5 +46,7 @@ def verify(event: WeightVersion, secret: str | None = None) -> WeightVersion:
     if event.mac is None:
         raise RecordError("mac", "missing: this run accepts only WeightVersion events signed with its secret")
     if not hmac.compare_digest(event.mac, mac_of(event, secret)):
-        raise RecordError("mac", "does not match: the event was forged, altered, or signed with another secret")
+        raise RecordError(
+            "mac", "does not match: the event was forged, altered, or signed with another secret"
+        )
     return event

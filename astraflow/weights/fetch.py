@@ -57,7 +57,9 @@ class _Link:
     meta: dict[str, Any]
 
 
-def fetch_weights(event: WeightVersion, held: HeldWeights | None, cache_dir: Path | None = None) -> HeldWeights:
+def fetch_weights(
+    event: WeightVersion, held: HeldWeights | None, cache_dir: Path | None = None
+) -> HeldWeights:
     """The weights of `event.version`, from `held` plus deltas when possible, else from the snapshot.
 
     Raises WeightIntegrityError (naming the file) if a file fails its sha256 or is malformed, and
@@ -71,8 +73,12 @@ def fetch_weights(event: WeightVersion, held: HeldWeights | None, cache_dir: Pat
             try:
                 return _apply_chain(held, chain, event)
             except _Mismatch as exc:
-                log.warning("policy %s: held version %d did not take the delta chain (%s); loading the "
-                            "snapshot", event.policy, held.version, exc)
+                log.warning(
+                    "policy %s: held version %d did not take the delta chain (%s); loading the snapshot",
+                    event.policy,
+                    held.version,
+                    exc,
+                )
     return _from_snapshot(event, cache_dir)
 
 
@@ -87,8 +93,9 @@ def _decode(uri: str, data: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
         raise WeightIntegrityError(uri, str(exc)) from None
 
 
-def _walk_chain(event: WeightVersion, stop_at: int, cache_dir: Path | None,
-                byte_budget: int | None) -> list[_Link] | None:
+def _walk_chain(
+    event: WeightVersion, stop_at: int, cache_dir: Path | None, byte_budget: int | None
+) -> list[_Link] | None:
     """Deltas from `event.version` back to `stop_at`, newest first; None if the chain is broken or
     (with `byte_budget`) the part older than the event's snapshot costs more than the budget."""
     uri, sha, version = event.delta_uri, event.delta_sha256, event.version
@@ -104,9 +111,16 @@ def _walk_chain(event: WeightVersion, stop_at: int, cache_dir: Path | None,
             log.info("delta chain of %s broken at version %d: %s", event.policy, version, exc)
             return None
         tensors, meta = _decode(uri, data)
-        if meta["format"] != fmt.DELTA_FORMAT or meta.get("policy") != event.policy or meta.get("version") != version:
-            raise WeightIntegrityError(uri, f"expected the delta of {event.policy} version {version}, found "
-                                            f"{meta.get('format')} of {meta.get('policy')} v{meta.get('version')}")
+        if (
+            meta["format"] != fmt.DELTA_FORMAT
+            or meta.get("policy") != event.policy
+            or meta.get("version") != version
+        ):
+            raise WeightIntegrityError(
+                uri,
+                f"expected the delta of {event.policy} version {version}, found "
+                f"{meta.get('format')} of {meta.get('policy')} v{meta.get('version')}",
+            )
         base = meta.get("base")
         if not isinstance(base, int) or not 0 <= base < version:
             raise WeightIntegrityError(uri, f"delta base {base!r} is not before version {version}")
@@ -154,21 +168,31 @@ def _from_snapshot(event: WeightVersion, cache_dir: Path | None) -> HeldWeights:
     if not uri:
         raise WeightNotFoundError(f"WeightVersion {event.policy} v{event.version} names no snapshot")
     if event.snapshot_bytes <= 0:  # a bound on what is read must come from the event
-        raise WeightIntegrityError(uri, f"WeightVersion {event.policy} v{event.version} names no snapshot size")
+        raise WeightIntegrityError(
+            uri, f"WeightVersion {event.policy} v{event.version} names no snapshot size"
+        )
     data = read_verified(uri, event.snapshot_sha256, cache_dir, size=event.snapshot_bytes)
     state, meta = _decode(uri, data)
-    if (meta["format"] != fmt.SNAPSHOT_FORMAT or meta.get("policy") != event.policy
-            or meta.get("version") != event.snapshot_version):
-        raise WeightIntegrityError(uri, f"expected the snapshot of {event.policy} version {event.snapshot_version}"
-                                        f", found {meta.get('format')} of {meta.get('policy')} v{meta.get('version')}")
+    if (
+        meta["format"] != fmt.SNAPSHOT_FORMAT
+        or meta.get("policy") != event.policy
+        or meta.get("version") != event.snapshot_version
+    ):
+        raise WeightIntegrityError(
+            uri,
+            f"expected the snapshot of {event.policy} version {event.snapshot_version}"
+            f", found {meta.get('format')} of {meta.get('policy')} v{meta.get('version')}",
+        )
     if fmt.state_digest(state) != meta.get("state_sha256"):
         raise WeightIntegrityError(uri, "tensors do not match the snapshot's state digest")
     newest_uri, newest_meta = uri, meta
     if event.version > event.snapshot_version:
         chain = _walk_chain(event, event.snapshot_version, cache_dir, byte_budget=None)
         if chain is None:
-            raise WeightNotFoundError(f"{event.policy}: the deltas from snapshot v{event.snapshot_version} to "
-                                      f"v{event.version} are no longer all in the store ({event.delta_uri})")
+            raise WeightNotFoundError(
+                f"{event.policy}: the deltas from snapshot v{event.snapshot_version} to "
+                f"v{event.version} are no longer all in the store ({event.delta_uri})"
+            )
         for link in reversed(chain):
             try:
                 fmt.apply_delta(state, link.tensors)
@@ -176,6 +200,8 @@ def _from_snapshot(event: WeightVersion, cache_dir: Path | None) -> HeldWeights:
                 raise WeightIntegrityError(link.uri, str(exc)) from None
         newest_uri, newest_meta = chain[0].uri, chain[0].meta
     if fmt.state_digest(state) != newest_meta.get("state_sha256"):
-        raise WeightIntegrityError(newest_uri, f"state rebuilt from snapshot v{event.snapshot_version} does not "
-                                               "match this file's digest")
+        raise WeightIntegrityError(
+            newest_uri,
+            f"state rebuilt from snapshot v{event.snapshot_version} does not match this file's digest",
+        )
     return HeldWeights(event.version, fmt.with_aliases(state, newest_meta["aliases"]))

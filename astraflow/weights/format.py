@@ -80,8 +80,14 @@ def split_aliases(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tenso
     seen: dict[tuple[Any, ...], str] = {}
     for name in sorted(state):
         t = state[name]
-        ident = (t.device.type, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
-                 t.stride(), t.dtype)
+        ident = (
+            t.device.type,
+            t.untyped_storage().data_ptr(),
+            t.storage_offset(),
+            tuple(t.shape),
+            t.stride(),
+            t.dtype,
+        )
         if t.numel() and ident in seen:
             aliases[name] = seen[ident]
         else:
@@ -179,8 +185,18 @@ def decode_file(data: bytes) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
 
 
 #: safetensors' names of the dtypes a state may hold
-_ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float64": "F64", "int8": "I8",
-              "uint8": "U8", "int16": "I16", "int32": "I32", "int64": "I64", "bool": "BOOL"}
+_ST_DTYPES = {
+    "bfloat16": "BF16",
+    "float16": "F16",
+    "float32": "F32",
+    "float64": "F64",
+    "int8": "I8",
+    "uint8": "U8",
+    "int16": "I16",
+    "int32": "I32",
+    "int64": "I64",
+    "bool": "BOOL",
+}
 _HEADER_SIZE = struct.Struct("<Q")
 
 
@@ -200,8 +216,11 @@ def save(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
         if t.device.type != "cpu":
             t = t.cpu()
         data = t.contiguous().reshape(-1).view(torch.uint8).numpy()
-        header[name] = {"dtype": _ST_DTYPES[str(t.dtype).removeprefix("torch.")], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + data.nbytes]}
+        header[name] = {
+            "dtype": _ST_DTYPES[str(t.dtype).removeprefix("torch.")],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + data.nbytes],
+        }
         parts.append(data)
         offset += data.nbytes
     head = json.dumps(header, separators=(",", ":")).encode()
@@ -209,15 +228,22 @@ def save(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
     return b"".join([_HEADER_SIZE.pack(len(head)), head, *parts])
 
 
-def encode_snapshot(unique: dict[str, torch.Tensor], aliases: dict[str, str], policy: str, version: int,
-                    digest: str) -> bytes:
-    meta = {"format": SNAPSHOT_FORMAT, "policy": policy, "version": str(version), "state_sha256": digest,
-            "aliases": json.dumps(aliases, sort_keys=True)}
+def encode_snapshot(
+    unique: dict[str, torch.Tensor], aliases: dict[str, str], policy: str, version: int, digest: str
+) -> bytes:
+    meta = {
+        "format": SNAPSHOT_FORMAT,
+        "policy": policy,
+        "version": str(version),
+        "state_sha256": digest,
+        "aliases": json.dumps(aliases, sort_keys=True),
+    }
     return save({k: v.contiguous() for k, v in unique.items()}, metadata=meta)
 
 
-def diff_states(old: dict[str, torch.Tensor], new: dict[str, torch.Tensor],
-                full_from: float | None = None) -> tuple[dict[str, torch.Tensor], int, int]:
+def diff_states(
+    old: dict[str, torch.Tensor], new: dict[str, torch.Tensor], full_from: float | None = None
+) -> tuple[dict[str, torch.Tensor], int, int]:
     """Changed elements of `new` against `old` as delta tensors; also (changed, total) counts.
 
     The tensors of one element size are compared as one flat buffer of raw bits, in numpy (one
@@ -266,9 +292,11 @@ def diff_states(old: dict[str, torch.Tensor], new: dict[str, torch.Tensor],
             if hi == lo:
                 continue
             # in full where a value and a 2-byte gap per changed element would take the tensor's bytes
-            in_full = (hi - lo) * (size + 2) >= numel * size if full_from is None else hi - lo >= full_from * numel
+            in_full = (
+                (hi - lo) * (size + 2) >= numel * size if full_from is None else hi - lo >= full_from * numel
+            )
             if in_full:
-                out[name + FULL] = torch.from_numpy(flat_new[bounds[i]:bounds[i + 1]]).view(new[name].dtype)
+                out[name + FULL] = torch.from_numpy(flat_new[bounds[i] : bounds[i + 1]]).view(new[name].dtype)
             else:
                 out[name + IDX] = torch.from_numpy(_narrowest(gaps[lo:hi]))
                 out[name + VAL] = torch.from_numpy(values[lo:hi]).view(new[name].dtype)
@@ -291,12 +319,30 @@ def _narrowest(gaps: Any) -> Any:
     return gaps
 
 
-def encode_delta(tensors: dict[str, torch.Tensor], aliases: dict[str, str], policy: str, version: int,
-                 base: int, base_delta: str, base_delta_sha256: str, digest: str, changed: int,
-                 total: int) -> bytes:
-    meta = {"format": DELTA_FORMAT, "policy": policy, "version": str(version), "base": str(base),
-            "base_delta": base_delta, "base_delta_sha256": base_delta_sha256, "state_sha256": digest,
-            "changed": str(changed), "total": str(total), "aliases": json.dumps(aliases, sort_keys=True)}
+def encode_delta(
+    tensors: dict[str, torch.Tensor],
+    aliases: dict[str, str],
+    policy: str,
+    version: int,
+    base: int,
+    base_delta: str,
+    base_delta_sha256: str,
+    digest: str,
+    changed: int,
+    total: int,
+) -> bytes:
+    meta = {
+        "format": DELTA_FORMAT,
+        "policy": policy,
+        "version": str(version),
+        "base": str(base),
+        "base_delta": base_delta,
+        "base_delta_sha256": base_delta_sha256,
+        "state_sha256": digest,
+        "changed": str(changed),
+        "total": str(total),
+        "aliases": json.dumps(aliases, sort_keys=True),
+    }
     return save(tensors, metadata=meta)
 
 
@@ -311,7 +357,9 @@ def apply_delta(unique: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor
     names = {k[: -len(IDX)] for k in tensors if k.endswith(IDX)}
     full = {k[: -len(FULL)] for k in tensors if k.endswith(FULL)}
     if len(names) * 2 + len(full) != len(tensors) or any(n + VAL not in tensors for n in names):
-        raise FormatError("delta tensors do not come in <name>::idx / <name>::val pairs or alone as <name>::full")
+        raise FormatError(
+            "delta tensors do not come in <name>::idx / <name>::val pairs or alone as <name>::full"
+        )
     if names & full:
         raise FormatError(f"{sorted(names & full)[0]!r} is changed both in full and element by element")
     for name in sorted(names | full):
@@ -321,16 +369,19 @@ def apply_delta(unique: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor
         if name in full:
             val = tensors[name + FULL]
             if val.dtype != target.dtype or val.numel() != target.numel():
-                raise FormatError(f"{name}: {val.numel()} {val.dtype} values for a {target.numel()}-element "
-                                  f"{target.dtype} tensor")
+                raise FormatError(
+                    f"{name}: {val.numel()} {val.dtype} values for a {target.numel()}-element "
+                    f"{target.dtype} tensor"
+                )
             _writable_bits(unique, name)[:] = _bits(val)
             continue
         val, gaps = tensors[name + VAL], tensors[name + IDX]
         if gaps.dtype not in (torch.int16, torch.int32, torch.int64):
             raise FormatError(f"{name}: indices of dtype {gaps.dtype}, not int16, int32 or int64")
         if val.dtype != target.dtype or val.numel() != gaps.numel():
-            raise FormatError(f"{name}: {val.numel()} {val.dtype} values for {gaps.numel()} indices into "
-                              f"{target.dtype}")
+            raise FormatError(
+                f"{name}: {val.numel()} {val.dtype} values for {gaps.numel()} indices into {target.dtype}"
+            )
         if not gaps.numel():
             continue
         steps = gaps.reshape(-1).numpy()

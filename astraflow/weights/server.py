@@ -45,8 +45,9 @@ class _File(web.FileResponse):
 
     cut: int | None = None
 
-    async def _sendfile(self, request: web.BaseRequest, fobj: IO[Any], offset: int,
-                        count: int) -> AbstractStreamWriter:
+    async def _sendfile(
+        self, request: web.BaseRequest, fobj: IO[Any], offset: int, count: int
+    ) -> AbstractStreamWriter:
         # aiohttp's one path for a non-empty GET body (sendfile or chunks); were it renamed, the hook's
         # test would see no broken transfer and fail. Preparing here sends the headers and runs
         # WeightServer._count, which sets `cut`; the prepare() inside _sendfile then returns the same writer.
@@ -54,7 +55,9 @@ class _File(web.FileResponse):
         if self.cut is None:
             return await super()._sendfile(request, fobj, offset, count)
         writer = await super()._sendfile(request, fobj, offset, self.cut)
-        if request.transport is not None:  # the headers promised `count` bytes: the reader sees a broken transfer
+        if (
+            request.transport is not None
+        ):  # the headers promised `count` bytes: the reader sees a broken transfer
             request.transport.close()
         return writer
 
@@ -62,8 +65,15 @@ class _File(web.FileResponse):
 class WeightServer:
     """Serves a store root over HTTP(S) in a background thread. `url` is what events advertise."""
 
-    def __init__(self, root: str | Path, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                 advertise_host: str | None = None, tls_cert: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        advertise_host: str | None = None,
+        tls_cert: str | Path | None = None,
+    ) -> None:
         tls_cert = tls_cert or os.environ.get(TLS_CERT_ENV) or None
         self._tls: ssl.SSLContext | None = None
         if tls_cert:

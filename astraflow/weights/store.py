@@ -63,8 +63,17 @@ def write_atomic(path: Path, data: bytes) -> None:
 class WeightStore:
     """Content-addressed snapshots and deltas of one policy, with a manifest and pruning."""
 
-    def __init__(self, root: str | Path, policy: str, *, snapshot_every: int = 10, keep_versions: int = 8,
-                 compress_level: int = 1, dtype: str = "bfloat16", base_uri: str | None = None) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        policy: str,
+        *,
+        snapshot_every: int = 10,
+        keep_versions: int = 8,
+        compress_level: int = 1,
+        dtype: str = "bfloat16",
+        base_uri: str | None = None,
+    ) -> None:
         if snapshot_every < 1 or keep_versions < 1:
             raise ValueError("snapshot_every and keep_versions must be at least 1")
         self.root = Path(root).resolve()
@@ -98,7 +107,9 @@ class WeightStore:
 
     def _save_manifest(self) -> None:
         # compact: json's C encoder (with an indent it encodes in Python: 2 ms of every publication)
-        write_atomic(self.dir / MANIFEST, json.dumps(self.manifest, sort_keys=True, separators=(",", ":")).encode())
+        write_atomic(
+            self.dir / MANIFEST, json.dumps(self.manifest, sort_keys=True, separators=(",", ":")).encode()
+        )
 
     @property
     def versions(self) -> list[int]:
@@ -113,8 +124,9 @@ class WeightStore:
         try:
             return self.manifest["versions"][str(version)]
         except KeyError:
-            raise WeightStoreError(f"{self.policy}: version {version} is not in the store "
-                                   f"(have {self.versions})") from None
+            raise WeightStoreError(
+                f"{self.policy}: version {version} is not in the store (have {self.versions})"
+            ) from None
 
     def uri(self, name: str, base_uri: str | None = None) -> str:
         return f"{base_uri or self.base_uri}{self.policy}/objects/{name}"
@@ -129,8 +141,9 @@ class WeightStore:
             write_atomic(path, data)
         return {"file": name, "sha256": sha, "bytes": len(data)}
 
-    def publish(self, state: dict[str, torch.Tensor], version: int, step: int = 0,
-                snapshot: bool = False) -> WeightVersion:
+    def publish(
+        self, state: dict[str, torch.Tensor], version: int, step: int = 0, snapshot: bool = False
+    ) -> WeightVersion:
         """Store `state` (cast to the store dtype) as `version` and return its event.
 
         `version` must follow the latest one; version 0, a store without versions, or
@@ -138,30 +151,57 @@ class WeightStore:
         latest = self.latest
         unique, aliases = fmt.split_aliases(state)
         # one copy of a (contiguous) parameter: a cast then a clone copied a float32 state twice
-        unique = {k: v.detach().to("cpu", self._torch_dtype if v.is_floating_point() else v.dtype, copy=True)
-                  .contiguous() for k, v in unique.items()}
+        unique = {
+            k: v.detach()
+            .to("cpu", self._torch_dtype if v.is_floating_point() else v.dtype, copy=True)
+            .contiguous()
+            for k, v in unique.items()
+        }
         if latest is not None and version <= latest:
             raise WeightStoreError(f"{self.policy}: version {version} is not after the latest {latest}")
         chained = latest is not None and version == latest + 1
         if not chained and not (snapshot or version == 0 or latest is None):
-            raise WeightStoreError(f"{self.policy}: version {version} does not follow {latest}; pass snapshot=True")
+            raise WeightStoreError(
+                f"{self.policy}: version {version} does not follow {latest}; pass snapshot=True"
+            )
         digest = fmt.state_digest(unique)
-        entry: dict[str, Any] = {"version": version, "step": step, "created_at": time.time(),
-                                 "snapshot": None, "delta": None}
+        entry: dict[str, Any] = {
+            "version": version,
+            "step": step,
+            "created_at": time.time(),
+            "snapshot": None,
+            "delta": None,
+        }
         if chained:
             assert latest is not None
             prev = self._previous_state(latest)
             compressed = self.compress_level > 0
-            tensors, changed, total = fmt.diff_states(prev, unique, fmt.COMPRESSED_FULL_FROM if compressed else None)
+            tensors, changed, total = fmt.diff_states(
+                prev, unique, fmt.COMPRESSED_FULL_FROM if compressed else None
+            )
             base_delta = self.entry(latest)["delta"]
-            data = fmt.encode_delta(tensors, aliases, self.policy, version, latest,
-                                    base_delta["file"] if base_delta else "",
-                                    base_delta["sha256"] if base_delta else "", digest, changed, total)
-            entry["delta"] = {**self._put(fmt.compress(data, self.compress_level), "delta", compressed),
-                              "base": latest, "changed": changed, "total": total}
+            data = fmt.encode_delta(
+                tensors,
+                aliases,
+                self.policy,
+                version,
+                latest,
+                base_delta["file"] if base_delta else "",
+                base_delta["sha256"] if base_delta else "",
+                digest,
+                changed,
+                total,
+            )
+            entry["delta"] = {
+                **self._put(fmt.compress(data, self.compress_level), "delta", compressed),
+                "base": latest,
+                "changed": changed,
+                "total": total,
+            }
         if not chained or snapshot or version % self.snapshot_every == 0:
-            entry["snapshot"] = self._put(fmt.encode_snapshot(unique, aliases, self.policy, version, digest),
-                                          "snapshot", False)
+            entry["snapshot"] = self._put(
+                fmt.encode_snapshot(unique, aliases, self.policy, version, digest), "snapshot", False
+            )
             entry["snapshot_version"] = version
         else:
             entry["snapshot_version"] = self.entry(latest)["snapshot_version"]  # type: ignore[arg-type]
@@ -185,12 +225,20 @@ class WeightStore:
         snap = self.entry(entry["snapshot_version"])["snapshot"]
         delta = entry["delta"]
         return WeightVersion(
-            policy=self.policy, version=version, step=entry["step"], snapshot_version=entry["snapshot_version"],
-            snapshot_uri=self.uri(snap["file"], base_uri), snapshot_sha256=snap["sha256"], snapshot_bytes=snap["bytes"],
-            delta_uri=self.uri(delta["file"], base_uri) if delta else None, delta_base=delta["base"] if delta else None,
-            delta_sha256=delta["sha256"] if delta else None, delta_bytes=delta["bytes"] if delta else None,
+            policy=self.policy,
+            version=version,
+            step=entry["step"],
+            snapshot_version=entry["snapshot_version"],
+            snapshot_uri=self.uri(snap["file"], base_uri),
+            snapshot_sha256=snap["sha256"],
+            snapshot_bytes=snap["bytes"],
+            delta_uri=self.uri(delta["file"], base_uri) if delta else None,
+            delta_base=delta["base"] if delta else None,
+            delta_sha256=delta["sha256"] if delta else None,
+            delta_bytes=delta["bytes"] if delta else None,
             changed_fraction=(delta["changed"] / max(delta["total"], 1)) if delta else None,
-            dtype=self.dtype, created_at=entry["created_at"],
+            dtype=self.dtype,
+            created_at=entry["created_at"],
         )
 
     def load(self, version: int | None = None) -> HeldWeights:
@@ -209,7 +257,7 @@ class WeightStore:
         if not vs:
             return set()
         # one version more than asked: a worker may still hold the version before the window
-        window = vs[-(self.keep_versions + 1):]
+        window = vs[-(self.keep_versions + 1) :]
         floor = min(self.entry(v)["snapshot_version"] for v in window)
         return {v for v in vs if v >= floor}
 
@@ -221,8 +269,12 @@ class WeightStore:
             del self.manifest["versions"][str(v)]
         if dropped:
             self._save_manifest()
-        referenced = {part["file"] for e in self.manifest["versions"].values()
-                      for part in (e["snapshot"], e["delta"]) if part}
+        referenced = {
+            part["file"]
+            for e in self.manifest["versions"].values()
+            for part in (e["snapshot"], e["delta"])
+            if part
+        }
         removed = []
         for path in self.objects.iterdir():
             if OBJECT_RE.match(path.name) and path.name not in referenced:

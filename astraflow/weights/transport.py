@@ -82,8 +82,9 @@ def sha256_of(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def read_verified(uri: str, sha256: str, cache_dir: Path | None = None, *, size: int | None = None,
-                  limit: int | None = None) -> bytes:
+def read_verified(
+    uri: str, sha256: str, cache_dir: Path | None = None, *, size: int | None = None, limit: int | None = None
+) -> bytes:
     """The bytes of `uri`, checked against `sha256`. `size`: the exact size the event names (a file
     of another size is refused); `limit`: the most bytes to read when the size is not known."""
     cap = size if size is not None else (limit if limit is not None else MAX_UNSIZED_BYTES)
@@ -121,8 +122,9 @@ def _read_local(uri: str, cap: int) -> tuple[bytes, str]:
     return bytes(buf), hasher.hexdigest()
 
 
-def _read_http(uri: str, sha256: str, cache_dir: Path | None, cap: int, attempts: int = 6,
-               timeout: float = 60.0) -> tuple[bytes, str]:
+def _read_http(
+    uri: str, sha256: str, cache_dir: Path | None, cap: int, attempts: int = 6, timeout: float = 60.0
+) -> tuple[bytes, str]:
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
         final = cache_dir / sha256
@@ -192,16 +194,18 @@ def _download(uri: str, fh: BinaryIO, attempts: int, timeout: float, cap: int = 
             headers["Authorization"] = f"Bearer {token}"
         try:
             # only http(s) URIs come here (`read_verified` reads file URIs itself)
-            with urllib.request.urlopen(urllib.request.Request(uri, headers=headers), timeout=timeout,  # noqa: S310
-                                        context=_tls_context(uri)) as resp:
+            request = urllib.request.Request(uri, headers=headers)  # noqa: S310
+            with urllib.request.urlopen(request, timeout=timeout, context=_tls_context(uri)) as resp:  # noqa: S310
                 expected = _body_length(resp, have)
                 if resp.status == 200 and have:  # the server ignored the range: start over
                     fh.seek(0)
                     fh.truncate()
                     have, hasher = 0, hashlib.sha256()
                 if expected is not None and have + expected > cap:
-                    raise WeightIntegrityError(uri, f"the server promises {have + expected} bytes, more than "
-                                                    f"the {cap} expected; refused")
+                    raise WeightIntegrityError(
+                        uri,
+                        f"the server promises {have + expected} bytes, more than the {cap} expected; refused",
+                    )
                 got = 0
                 while True:
                     chunk = resp.read(min(CHUNK, cap + 1 - have))
@@ -212,7 +216,9 @@ def _download(uri: str, fh: BinaryIO, attempts: int, timeout: float, cap: int = 
                     got += len(chunk)
                     have += len(chunk)
                     if have > cap:
-                        raise WeightIntegrityError(uri, f"the body runs past the {cap} bytes expected; refused")
+                        raise WeightIntegrityError(
+                            uri, f"the body runs past the {cap} bytes expected; refused"
+                        )
                 if expected is not None and got < expected:
                     raise http.client.IncompleteRead(b"", expected - got)
                 fh.flush()
@@ -223,7 +229,9 @@ def _download(uri: str, fh: BinaryIO, attempts: int, timeout: float, cap: int = 
             if exc.code == 404:
                 raise WeightNotFoundError(f"{uri}: not found on the server (HTTP 404)") from None
             if exc.code in (401, 403):
-                raise WeightStoreError(f"{uri}: HTTP {exc.code}; set {TOKEN_ENV} to the server's token") from None
+                raise WeightStoreError(
+                    f"{uri}: HTTP {exc.code}; set {TOKEN_ENV} to the server's token"
+                ) from None
             last = exc
         except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
             last = exc

@@ -36,8 +36,22 @@ def run_env(bootstrap: str) -> dict[str, str]:
 
 def start_run(recipe: Path, run_dir: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "astraflow.cli", "run", str(recipe), "--run-dir", str(run_dir), "--no-dashboard", *args],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "astraflow.cli",
+            "run",
+            str(recipe),
+            "--run-dir",
+            str(run_dir),
+            "--no-dashboard",
+            *args,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
     )
 
 
@@ -75,6 +89,9 @@ def trainer_steps(run_dir: Path, policy: str) -> int:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return 0
-    steps = [json.loads(line)["step"] for line in path.read_text().splitlines()
-             if line.strip() and f'"trainer.{policy}"' in line]
+    steps = [
+        json.loads(line)["step"]
+        for line in path.read_text().splitlines()
+        if line.strip() and f'"trainer.{policy}"' in line
+    ]
     return max(steps, default=0)

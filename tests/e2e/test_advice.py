@@ -21,11 +21,19 @@ STEP_TOKENS = 1000.0
 
 
 def row(component: str, rid: str, t: float, values: dict[str, float], step: int = -1) -> dict[str, Any]:
-    return {"component": component, "id": rid, "region": "local", "time": float(t), "step": step, "values": values}
+    return {
+        "component": component,
+        "id": rid,
+        "region": "local",
+        "time": float(t),
+        "step": step,
+        "values": values,
+    }
 
 
-def trainer(wait: float, policy: str = "solver", every_s: float = 1.0, until: float = SPAN,
-            with_wait_s: bool = True) -> list[dict[str, Any]]:
+def trainer(
+    wait: float, policy: str = "solver", every_s: float = 1.0, until: float = SPAN, with_wait_s: bool = True
+) -> list[dict[str, Any]]:
     """A trainer stepping every `every_s` seconds, waiting `wait` of each interval for data and
     training the rest (tokens_per_s says how long the step took, as the engine measures it)."""
     step_s = every_s * (1.0 - wait)
@@ -38,12 +46,25 @@ def trainer(wait: float, policy: str = "solver", every_s: float = 1.0, until: fl
     return rows
 
 
-def workers(n: int, in_flight: float, max_episodes: int = 32, trajectories_per_s: float = 10.0) -> list[dict[str, Any]]:
+def workers(
+    n: int, in_flight: float, max_episodes: int = 32, trajectories_per_s: float = 10.0
+) -> list[dict[str, Any]]:
     """Workers with `in_flight` episodes on average (episode_s grows by it each second)."""
-    return [row("worker", f"worker-{i}", t, {"worker.in_flight": in_flight, "worker.max_episodes": float(max_episodes),
-                                              "worker.episode_s": in_flight * t,
-                                              "worker.trajectories": trajectories_per_s * t})
-            for i in range(n) for t in range(0, SPAN + 1, 5)]
+    return [
+        row(
+            "worker",
+            f"worker-{i}",
+            t,
+            {
+                "worker.in_flight": in_flight,
+                "worker.max_episodes": float(max_episodes),
+                "worker.episode_s": in_flight * t,
+                "worker.trajectories": trajectories_per_s * t,
+            },
+        )
+        for i in range(n)
+        for t in range(0, SPAN + 1, 5)
+    ]
 
 
 def feeder(blocked: float) -> list[dict[str, Any]]:
@@ -51,12 +72,16 @@ def feeder(blocked: float) -> list[dict[str, Any]]:
 
 
 def streams(taken_per_s: float) -> list[dict[str, Any]]:
-    return [row("streams", "streams-0", t, {"trajectories.in": taken_per_s * t}) for t in range(0, SPAN + 1, 5)]
+    return [
+        row("streams", "streams-0", t, {"trajectories.in": taken_per_s * t}) for t in range(0, SPAN + 1, 5)
+    ]
 
 
 def lag(first: float, last: float) -> list[dict[str, Any]]:
-    return [row("collector", "lag", t, {"lag.tasks": 0.0, "lag.trajectories": first + (last - first) * t / SPAN})
-            for t in range(0, SPAN + 1, 3)]
+    return [
+        row("collector", "lag", t, {"lag.tasks": 0.0, "lag.trajectories": first + (last - first) * t / SPAN})
+        for t in range(0, SPAN + 1, 3)
+    ]
 
 
 def advice_of(rows: list[dict[str, Any]], **kw: Any) -> Any:
@@ -70,24 +95,29 @@ def test_trainer_bound_workers_idle() -> None:
     # a slow trainer: the feeder's window is full, so the workers have 1 task's episodes out of 4
     a = advice_of(trainer(0.02) + workers(2, in_flight=6.4) + feeder(0.9) + streams(20.0))
     assert a.regime == "trainer-bound"
-    assert a.line == ("trainer-bound: workers idle 80%; the trainer waited 2%, the feeder held back 90%. "
-                      "A faster trainer (GPU, more DDP ranks) speeds the run; more workers would not")
+    assert a.line == (
+        "trainer-bound: workers idle 80%; the trainer waited 2%, the feeder held back 90%. "
+        "A faster trainer (GPU, more DDP ranks) speeds the run; more workers would not"
+    )
 
 
 def test_rollout_bound_says_how_many_workers_would_fill_the_trainer() -> None:
     # the trainer trains 40% of the time: 2 workers feed it; 2 / 0.4 = 5 would keep it busy
     a = advice_of(trainer(0.6) + workers(2, in_flight=32) + feeder(0.7) + streams(20.0))
     assert (a.regime, a.more_workers) == ("rollout-bound", 3)
-    assert a.line == ("rollout-bound: about 3 more workers would keep the trainer busy "
-                      "(the trainer waited 60%, 2 workers idle 0%)")
+    assert a.line == (
+        "rollout-bound: about 3 more workers would keep the trainer busy "
+        "(the trainer waited 60%, 2 workers idle 0%)"
+    )
 
 
 def test_streams_bound_when_the_trajectories_backlog_grows() -> None:
     # workers write 20/s, the lag on trajectories grows 100 -> 1300 in 60 s: streams takes 0 net
     a = advice_of(trainer(0.7) + workers(2, in_flight=32) + feeder(0.2) + streams(0.0) + lag(100, 1300))
     assert a.regime == "streams-bound"
-    assert a.line.startswith("streams-bound: the trajectories lag grows by 20.0 records/s (now 1300) while "
-                             "the trainer waited 70%")
+    assert a.line.startswith(
+        "streams-bound: the trajectories lag grows by 20.0 records/s (now 1300) while the trainer waited 70%"
+    )
 
 
 def test_streams_bound_from_the_rates_when_no_lag_was_sampled() -> None:
@@ -102,16 +132,19 @@ def test_streams_bound_from_the_rates_when_no_lag_was_sampled() -> None:
 def test_admission_bound_when_the_window_is_all_in_flight() -> None:
     a = advice_of(trainer(0.5) + workers(2, in_flight=3.2) + feeder(0.95) + streams(20.0))
     assert a.regime == "admission-bound"
-    assert a.line.startswith("admission-bound: the trainer waited 50% and workers idle 90% while the feeder "
-                             "was held back 95%")
+    assert a.line.startswith(
+        "admission-bound: the trainer waited 50% and workers idle 90% while the feeder was held back 95%"
+    )
     assert "raise max_staleness or trainer.publish_every" in a.line
 
 
 def test_feeder_bound_when_nothing_holds_the_feeder_back() -> None:
     a = advice_of(trainer(0.5) + workers(2, in_flight=3.2) + feeder(0.0) + streams(20.0))
     assert a.regime == "feeder-bound"
-    assert a.line.startswith("feeder-bound: the trainer waited 50% and workers idle 90% while the feeder was "
-                             "held back 0%: the task source is the limit")
+    assert a.line.startswith(
+        "feeder-bound: the trainer waited 50% and workers idle 90% while the feeder was "
+        "held back 0%: the task source is the limit"
+    )
 
 
 def test_balanced() -> None:
@@ -148,9 +181,23 @@ def test_a_small_backlog_is_not_streams_bound() -> None:
 def test_a_worker_starting_late_is_no_backlog() -> None:
     # streams reads 20/s from t=25 on, all along; the one worker first reports at t=30 and writes
     # 20/s. Rates over each one's own span (20/s against 700 in 60 s) would see a backlog of 8/s.
-    worker = [row("worker", "worker-0", t, {"worker.trajectories": 20.0 * (t - 25), "worker.episode_s": 32.0 * t,
-                                            "worker.max_episodes": 32.0}) for t in range(30, SPAN + 1, 5)]
-    reader = [row("streams", "streams-0", t, {"trajectories.in": 20.0 * max(0, t - 25)}) for t in range(0, SPAN + 1, 5)]
+    worker = [
+        row(
+            "worker",
+            "worker-0",
+            t,
+            {
+                "worker.trajectories": 20.0 * (t - 25),
+                "worker.episode_s": 32.0 * t,
+                "worker.max_episodes": 32.0,
+            },
+        )
+        for t in range(30, SPAN + 1, 5)
+    ]
+    reader = [
+        row("streams", "streams-0", t, {"trajectories.in": 20.0 * max(0, t - 25)})
+        for t in range(0, SPAN + 1, 5)
+    ]
     obs = measure(trainer(0.7) + worker + reader + feeder(0.2))
     assert obs.backlog_growth_per_s == pytest.approx(0.0)
     assert advise(obs).regime == "rollout-bound"
@@ -177,8 +224,10 @@ def test_more_workers_golden() -> None:
 
 
 def test_a_counter_is_read_from_its_baseline_in_its_latest_process() -> None:
-    rs = [row("feeder", "feeder", t, {"feeder.blocked_s": v}) for t, v in ((0, 0.0), (5, 4.0), (10, 9.0), (15, 1.0),
-                                                                           (20, 6.0), (25, 11.0))]
+    rs = [
+        row("feeder", "feeder", t, {"feeder.blocked_s": v})
+        for t, v in ((0, 0.0), (5, 4.0), (10, 9.0), (15, 1.0), (20, 6.0), (25, 11.0))
+    ]
     assert counter(rs, "feeder.blocked_s", start=22) == [(20, 6.0), (25, 11.0)]  # from the report before 22
     assert counter(rs, "feeder.blocked_s", start=7) == [(15, 1.0), (20, 6.0), (25, 11.0)]  # restarted at 15
     assert counter(rs, "feeder.blocked_s", start=-1) == [(15, 1.0), (20, 6.0), (25, 11.0)]
@@ -187,7 +236,11 @@ def test_a_counter_is_read_from_its_baseline_in_its_latest_process() -> None:
 def test_a_restarted_trainer_is_measured_from_its_new_process() -> None:
     # waited 90% before a restart at t=30, 60% since: the gap and the old process do not count
     before = [r for r in trainer(0.9) if r["time"] < 25]
-    after = [{**r, "values": {**r["values"], "wait_s": r["values"]["wait_s"] - 18.0}} for r in trainer(0.6) if r["time"] >= 30]
+    after = [
+        {**r, "values": {**r["values"], "wait_s": r["values"]["wait_s"] - 18.0}}
+        for r in trainer(0.6)
+        if r["time"] >= 30
+    ]
     obs = measure(before + after + workers(2, in_flight=32) + feeder(0.5))
     assert obs.trainer_wait["solver"] == pytest.approx(0.6)
 
@@ -200,9 +253,15 @@ def test_a_bursty_trainer_counts_the_wait_before_its_first_step_in_the_window() 
         t0 = burst * 24.0
         waited += 20.0
         for k in range(10):
-            rows.append(row("trainer", "trainer.solver", t0 + 20.4 + 0.4 * k,
-                            {"wait_s": waited, "batch.tokens": STEP_TOKENS, "tokens_per_s": STEP_TOKENS / 0.4},
-                            step=burst * 10 + k + 1))
+            rows.append(
+                row(
+                    "trainer",
+                    "trainer.solver",
+                    t0 + 20.4 + 0.4 * k,
+                    {"wait_s": waited, "batch.tokens": STEP_TOKENS, "tokens_per_s": STEP_TOKENS / 0.4},
+                    step=burst * 10 + k + 1,
+                )
+            )
     obs = measure(rows, window_s=20)
     assert obs.trainer_wait["solver"] == pytest.approx(20.0 / (48.0 - 24.0))
     assert obs.trainer_steps_per_s["solver"] == pytest.approx(10 / (48.0 - 24.0))
@@ -224,8 +283,11 @@ def test_a_silent_trainer_is_waiting() -> None:
 def test_the_window_keeps_only_recent_rows() -> None:
     # waiting 90% for the first 30 s, 10% since: the last 20 s are balanced
     early = [r for r in trainer(0.9) if r["time"] < 30]
-    late = [{**r, "values": {**r["values"], "wait_s": early[-1]["values"]["wait_s"] + 0.1 * (r["time"] - 29)}}
-            for r in trainer(0.1) if r["time"] >= 30]
+    late = [
+        {**r, "values": {**r["values"], "wait_s": early[-1]["values"]["wait_s"] + 0.1 * (r["time"] - 29)}}
+        for r in trainer(0.1)
+        if r["time"] >= 30
+    ]
     obs = measure(early + late + workers(2, in_flight=30), window_s=20)
     assert obs.window_s == 20 and obs.trainer_wait["solver"] == pytest.approx(0.1)
 
@@ -234,11 +296,26 @@ def test_the_start_up_before_the_first_trainer_step_is_left_out() -> None:
     # models load for 30 s: the feeder's window is full and the workers idle; then it is rollout-bound
     late = [{**r, "time": r["time"] + 30} for r in trainer(0.6, until=30)]
     start_up = [row("feeder", "feeder", t, {"feeder.blocked_s": float(t)}) for t in range(0, 30, 5)]
-    after = [row("feeder", "feeder", t, {"feeder.blocked_s": 30.0 + 0.2 * (t - 30)}) for t in range(30, SPAN + 1, 5)]
-    idle_then_busy = [row("worker", f"worker-{i}", t, {"worker.episode_s": 32.0 * max(0, t - 30), "worker.max_episodes": 32.0})
-                      for i in range(2) for t in range(0, SPAN + 1, 5)]
+    after = [
+        row("feeder", "feeder", t, {"feeder.blocked_s": 30.0 + 0.2 * (t - 30)})
+        for t in range(30, SPAN + 1, 5)
+    ]
+    idle_then_busy = [
+        row(
+            "worker",
+            f"worker-{i}",
+            t,
+            {"worker.episode_s": 32.0 * max(0, t - 30), "worker.max_episodes": 32.0},
+        )
+        for i in range(2)
+        for t in range(0, SPAN + 1, 5)
+    ]
     obs = measure(late + start_up + after + idle_then_busy)
-    assert obs.window_s == 30 and obs.feeder_blocked == pytest.approx(0.2) and obs.workers_idle == pytest.approx(0.0)
+    assert (
+        obs.window_s == 30
+        and obs.feeder_blocked == pytest.approx(0.2)
+        and obs.workers_idle == pytest.approx(0.0)
+    )
     assert advise(obs).regime == "rollout-bound"
 
 
@@ -247,14 +324,23 @@ def test_workers_idle_from_episode_seconds_not_from_the_moments_they_report() ->
     rows = [{**r, "values": {**r["values"], "worker.in_flight": 0.0}} for r in workers(2, in_flight=28.8)]
     assert measure(trainer(0.1) + rows).workers_idle == pytest.approx(0.1)
     # older metrics without episode_s: the in-flight samples are all there is
-    gauges = [{**r, "values": {k: v for k, v in r["values"].items() if k != "worker.episode_s"}}
-              for r in workers(2, in_flight=24)]
+    gauges = [
+        {**r, "values": {k: v for k, v in r["values"].items() if k != "worker.episode_s"}}
+        for r in workers(2, in_flight=24)
+    ]
     assert measure(trainer(0.1) + gauges).workers_idle == pytest.approx(0.25)
 
 
 def test_workers_without_max_episodes_use_the_given_limit() -> None:
-    rows = [{**r, "values": {k: v for k, v in r["values"].items() if k not in ("worker.max_episodes", "worker.episode_s")}}
-            for r in workers(2, in_flight=8)]
+    rows = [
+        {
+            **r,
+            "values": {
+                k: v for k, v in r["values"].items() if k not in ("worker.max_episodes", "worker.episode_s")
+            },
+        }
+        for r in workers(2, in_flight=8)
+    ]
     assert measure(trainer(0.1) + rows, max_episodes=32).workers_idle == pytest.approx(0.75)
     assert measure(trainer(0.1) + rows, max_episodes=8).workers_idle == pytest.approx(0.0)
 
@@ -277,11 +363,20 @@ def test_the_summary_measures_the_second_half_and_ends_with_the_trainers() -> No
     # warm-up: the trainer waited 100% of the first half; after the trainers stop, the workers idle
     # during shutdown for 30 s: neither is what bounded the run, which was the trainer
     steady = [r for r in trainer(0.02) if r["time"] >= 30]
-    first = [row("trainer", "trainer.solver", 0.0, {"step": 1.0, "wait_s": 0.0, "batch.tokens": STEP_TOKENS,
-                                                          "tokens_per_s": STEP_TOKENS / 0.98}, step=1)]
+    first = [
+        row(
+            "trainer",
+            "trainer.solver",
+            0.0,
+            {"step": 1.0, "wait_s": 0.0, "batch.tokens": STEP_TOKENS, "tokens_per_s": STEP_TOKENS / 0.98},
+            step=1,
+        )
+    ]
     steady = [{**r, "values": {**r["values"], "wait_s": 29.0 + r["values"]["wait_s"] - 0.6}} for r in steady]
-    shutdown = [row("worker", "worker-0", t, {"worker.in_flight": 0.0, "worker.max_episodes": 32.0})
-                for t in range(61, 90, 5)]
+    shutdown = [
+        row("worker", "worker-0", t, {"worker.in_flight": 0.0, "worker.max_episodes": 32.0})
+        for t in range(61, 90, 5)
+    ]
     summary = summarize(first + steady + workers(2, in_flight=6.4) + feeder(0.9) + shutdown)
     assert summary["scaling"]["regime"] == "trainer-bound", summary["scaling"]
     assert summary_text(summary).splitlines()[-1].startswith("scaling: trainer-bound: workers idle 80%")
@@ -293,9 +388,15 @@ def test_status_prints_the_advice() -> None:
     for r in rows:
         history.setdefault((r["component"], r["id"]), []).append((r["step"], r["time"], r["values"]))
     assert sorted(rows_from_history(history), key=lambda r: (r["time"], r["id"])) == sorted(
-        [{k: v for k, v in r.items() if k != "region"} for r in rows], key=lambda r: (r["time"], r["id"]))
-    snap = Snapshot(instances={("trainer", "trainer.solver"): Instance("trainer", "trainer.solver", "local", 60.0,
-                                                                       61, rows[-1]["values"])})
+        [{k: v for k, v in r.items() if k != "region"} for r in rows], key=lambda r: (r["time"], r["id"])
+    )
+    snap = Snapshot(
+        instances={
+            ("trainer", "trainer.solver"): Instance(
+                "trainer", "trainer.solver", "local", 60.0, 61, rows[-1]["values"]
+            )
+        }
+    )
     console = Console(record=True, width=200)
     console.print(status_panel(snap, history, ["solver"], "astraflow status (test)", max_episodes=32))
     out = console.export_text()

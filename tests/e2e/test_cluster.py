@@ -24,8 +24,14 @@ TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "astraflow.cli", *args], capture_output=True, text=True,
-                          timeout=400, cwd=REPO, env=subprocess_env())
+    return subprocess.run(
+        [sys.executable, "-m", "astraflow.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=REPO,
+        env=subprocess_env(),
+    )
 
 
 def ledger(run_dir: Path, policy: str) -> list[dict]:  # type: ignore[type-arg]
@@ -68,9 +74,14 @@ def test_a_3_node_cluster_loses_a_broker_mid_run_and_loses_nothing(tmp_path: Pat
             learns of a new topic a moment after its creation (CI's describe_configs, 4 s after it,
             reached a broker that answered UNKNOWN_TOPIC_OR_PART)."""
             md = admin.list_topics(timeout=30)
-            if not all(name in md.topics and md.topics[name].partitions and all(
-                    len(p.replicas) == 3 and len(p.isrs) == 3 for p in md.topics[name].partitions.values())
-                    for name in names):
+            if not all(
+                name in md.topics
+                and md.topics[name].partitions
+                and all(
+                    len(p.replicas) == 3 and len(p.isrs) == 3 for p in md.topics[name].partitions.values()
+                )
+                for name in names
+            ):
                 return False
             try:
                 for name in names:
@@ -83,11 +94,21 @@ def test_a_3_node_cluster_loses_a_broker_mid_run_and_loses_nothing(tmp_path: Pat
         wait_for(replicated, 60, "every partition with 3 replicas in sync, its configs readable")
         assert min_isr == dict.fromkeys(names, "2")
 
-        recipe = recipe_copy("arithmetic", tmp_path, model=TINY, worker={"count": 2},
-                             trainer={"batch_groups": 2}, run={"max_steps": None})
+        recipe = recipe_copy(
+            "arithmetic",
+            tmp_path,
+            model=TINY,
+            worker={"count": 2},
+            trainer={"batch_groups": 2},
+            run={"max_steps": None},
+        )
         run_dir = tmp_path / "run"
         proc = start_run(recipe, run_dir, env, "--max-steps", "10")
-        wait_for(lambda: trainer_steps(run_dir, "solver") >= 3 or proc.poll() is not None, 900, "three trainer steps")
+        wait_for(
+            lambda: trainer_steps(run_dir, "solver") >= 3 or proc.poll() is not None,
+            900,
+            "three trainer steps",
+        )
         assert proc.poll() is None, proc.communicate()[0][-3000:]
         # kill the broker that leads partition 0 of the trainer's input: its clients must fail over
         leader = admin.list_topics(samples, timeout=30).topics[samples].partitions[0].leader
@@ -110,13 +131,18 @@ def test_a_3_node_cluster_loses_a_broker_mid_run_and_loses_nothing(tmp_path: Pat
         assert any(e["time"] > killed_at for e in entries), "nothing was trained after the kill"
 
         down = cli("broker", "status", "--data-dir", str(data))
-        assert down.returncode == 1 and f"node {leader}: " in down.stdout and "DOWN" in down.stdout, down.stdout
-        again = cli("broker", "start", "--nodes", "3", "--port", "0", "--data-dir", str(data))  # restarts only the dead node
+        assert down.returncode == 1 and f"node {leader}: " in down.stdout and "DOWN" in down.stdout, (
+            down.stdout
+        )
+        again = cli(
+            "broker", "start", "--nodes", "3", "--port", "0", "--data-dir", str(data)
+        )  # restarts only the dead node
         assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
         restarted = cluster.ClusterState.load(data)
         assert restarted is not None
         assert [p for i, p in enumerate(restarted.pids) if i != leader - 1] == [
-            p for i, p in enumerate(state.pids) if i != leader - 1]
+            p for i, p in enumerate(state.pids) if i != leader - 1
+        ]
         assert restarted.pids[leader - 1] != victim
     finally:
         stopped = cli("broker", "stop", "--data-dir", str(data))

@@ -39,7 +39,14 @@ TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "
 GROUP = 4
 #: worker -> (worker.max_episodes, episode delay in ms): up to (episodes / delay) episodes per second;
 #: `fast` and `slow`, the pair that stays, differ 8-fold.
-WORKERS = {"w0": (1, 1000), "w1": (2, 1000), "w2": (2, 1000), "w3": (2, 1000), "fast": (4, 500), "slow": (1, 1000)}
+WORKERS = {
+    "w0": (1, 1000),
+    "w1": (2, 1000),
+    "w2": (2, 1000),
+    "w3": (2, 1000),
+    "fast": (4, 500),
+    "slow": (1, 1000),
+}
 
 
 # ---------------------------------------------------------------------- the ledger
@@ -86,7 +93,8 @@ def check_ledger(fed: list[str], trained: list[str], dropped: collections.Counte
     assert not unknown, f"trained groups that were never fed: {sorted(unknown)[:5]}"
     missing = len(fed) - len(trained)
     assert missing == sum(dropped.values()), (
-        f"{len(fed)} fed, {len(trained)} trained: {missing} unaccounted for; drops counted: {dict(dropped)}")
+        f"{len(fed)} fed, {len(trained)} trained: {missing} unaccounted for; drops counted: {dict(dropped)}"
+    )
 
 
 # ---------------------------------------------------------------------- workers from outside
@@ -101,15 +109,35 @@ def start_worker(tmp_path: Path, run_dir: Path, env: dict[str, str], wid: str) -
     data["worker"]["max_episodes"] = episodes
     recipe.write_text(yaml.safe_dump(data))
     log = open(run_dir / f"outside-{wid}.log", "wb")  # noqa: SIM115 - the process owns it
-    return subprocess.Popen([sys.executable, "-m", "astraflow.cli", "worker", "--recipe", str(recipe),
-                             "--run-dir", str(run_dir), "--id", wid],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                            env=env | {"ASTRAFLOW_WORKER_FAILPOINT": f"episode_delay_ms:{delay_ms}",
-                                       "ASTRAFLOW_LOG_LEVEL": "INFO", "OMP_NUM_THREADS": "1"})
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "astraflow.cli",
+            "worker",
+            "--recipe",
+            str(recipe),
+            "--run-dir",
+            str(run_dir),
+            "--id",
+            wid,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+        env=env
+        | {
+            "ASTRAFLOW_WORKER_FAILPOINT": f"episode_delay_ms:{delay_ms}",
+            "ASTRAFLOW_LOG_LEVEL": "INFO",
+            "OMP_NUM_THREADS": "1",
+        },
+    )
 
 
-LINE = re.compile(r"^(\S+ \S+) INFO workers\.worker: worker (\S+) (assigned|revoked|stopping)(?: \[([\d, ]*)\])?"
-                  r"(?: \(released (\d+) tasks\))?")
+LINE = re.compile(
+    r"^(\S+ \S+) INFO workers\.worker: worker (\S+) (assigned|revoked|stopping)(?: \[([\d, ]*)\])?"
+    r"(?: \(released (\d+) tasks\))?"
+)
 
 
 def partition_moves(run_dir: Path) -> tuple[list[float], int]:
@@ -154,7 +182,9 @@ def stop(procs: dict[str, subprocess.Popen[bytes]], names: list[str], run_dir: P
         procs[w].send_signal(signal.SIGTERM)
     for w in names:
         code = procs[w].wait(90)
-        assert code == 0, f"worker {w} exited with {code}:\n{(run_dir / f'outside-{w}.log').read_text()[-3000:]}"
+        assert code == 0, (
+            f"worker {w} exited with {code}:\n{(run_dir / f'outside-{w}.log').read_text()[-3000:]}"
+        )
 
 
 def feeder_pid(run_dir: Path) -> int:
@@ -179,42 +209,60 @@ def test_workers_scale_1_to_6_to_2_mid_run_and_nothing_is_lost(kafka_bootstrap: 
     marks: dict[str, float] = {}
     # the feeder runs on (admission: at most (2 + 1) x 2 x 1 = 6 groups ahead of the trainer) until
     # the test stops it: however slowly the workers start on a busy machine, tasks never run out
-    recipe = recipe_copy("arithmetic", tmp_path, model=TINY, feeder={"group_size": GROUP},
-                         worker={"count": 0, "max_episodes": 2, "metrics_every_s": 1.0, "drain_timeout_s": 20},
-                         trainer={"batch_groups": 1, "publish_every": 2}, run={"max_steps": None})
+    recipe = recipe_copy(
+        "arithmetic",
+        tmp_path,
+        model=TINY,
+        feeder={"group_size": GROUP},
+        worker={"count": 0, "max_episodes": 2, "metrics_every_s": 1.0, "drain_timeout_s": 20},
+        trainer={"batch_groups": 1, "publish_every": 2},
+        run={"max_steps": None},
+    )
     run_dir = tmp_path / "run"
     env = run_env(kafka_bootstrap)
     kafka = KafkaSettings(bootstrap=kafka_bootstrap, namespace=env["ASTRAFLOW_NAMESPACE"])
     run = start_run(recipe, run_dir, env)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        wait_for(lambda: (run_dir / "init" / "solver" / "config.json").exists() or run.poll() is not None, 600,
-                 "the run's initial checkpoint")
+        wait_for(
+            lambda: (run_dir / "init" / "solver" / "config.json").exists() or run.poll() is not None,
+            600,
+            "the run's initial checkpoint",
+        )
         assert run.poll() is None, finish(run, 60)[-3000:]
         marks["run up"] = time.monotonic() - t0
         # 1: one worker
         procs["w0"] = start_worker(tmp_path, run_dir, env, "w0")
-        wait_for(lambda: len(trained_groups(run_dir, "solver")) >= 2, 600, "two groups trained with one worker")
+        wait_for(
+            lambda: len(trained_groups(run_dir, "solver")) >= 2, 600, "two groups trained with one worker"
+        )
         marks["1 worker"] = time.monotonic() - t0
         # 2: six workers
         for w in WORKERS:
             if w not in procs:
                 procs[w] = start_worker(tmp_path, run_dir, env, w)
-        wait_for(lambda: set(procs) <= {t.worker_id for t in trajectories(kafka)}, 900,
-                 "every one of six workers to roll out a task")
+        wait_for(
+            lambda: set(procs) <= {t.worker_id for t in trajectories(kafka)},
+            900,
+            "every one of six workers to roll out a task",
+        )
         marks["6 workers each rolled out"] = time.monotonic() - t0
         # 3: back to two, the unlike pair
         stop(procs, ["w0", "w1", "w2", "w3"], run_dir)
         marks["down to 2"] = time.monotonic() - t0
         at_two = len(trained_groups(run_dir, "solver"))
         before = collections.Counter(t.worker_id for t in trajectories(kafka))
-        wait_for(lambda: len(trained_groups(run_dir, "solver")) >= at_two + 8, 600, "8 groups trained by the pair")
+        wait_for(
+            lambda: len(trained_groups(run_dir, "solver")) >= at_two + 8, 600, "8 groups trained by the pair"
+        )
         # 4: no more tasks; everything fed must come out of the loop
         feeder = feeder_pid(run_dir)
         os.kill(feeder, signal.SIGTERM)  # it saves its position and exits 0: the supervisor lets it be
         wait_for(lambda: not alive(feeder), 120, "the feeder to stop")
         fed = [t.group_id for t in read_topic(kafka, "tasks") if isinstance(t, Task)]
-        wait_for(lambda: accounted(run_dir) >= len(fed), 600, f"all {len(fed)} tasks fed to be trained or dropped")
+        wait_for(
+            lambda: accounted(run_dir) >= len(fed), 600, f"all {len(fed)} tasks fed to be trained or dropped"
+        )
         marks["all accounted"] = time.monotonic() - t0
         stop(procs, ["fast", "slow"], run_dir)
         run.send_signal(signal.SIGINT)
@@ -239,10 +287,12 @@ def test_workers_scale_1_to_6_to_2_mid_run_and_nothing_is_lost(kafka_bootstrap: 
     episodes = collections.Counter(t.worker_id for t in trajs)
     pair = {w: episodes[w] - before[w] for w in ("fast", "slow")}
     gaps, released = partition_moves(run_dir)
-    print(f"\nelastic scale: {len(fed)} tasks; {marks}; trained before the scale-down {at_two}; trajectories "
-          f"per worker {dict(episodes)}, by the pair after it {pair}; drops {dict(dropped)}; {len(gaps)} partition "
-          f"moves, paused -> assigned s: median {statistics.median(gaps) if gaps else 0:.2f}, "
-          f"max {max(gaps, default=0):.2f}; {released} tasks released to be re-run")
+    print(
+        f"\nelastic scale: {len(fed)} tasks; {marks}; trained before the scale-down {at_two}; trajectories "
+        f"per worker {dict(episodes)}, by the pair after it {pair}; drops {dict(dropped)}; {len(gaps)} partition "
+        f"moves, paused -> assigned s: median {statistics.median(gaps) if gaps else 0:.2f}, "
+        f"max {max(gaps, default=0):.2f}; {released} tasks released to be re-run"
+    )
     assert all(episodes[w] > 0 for w in procs), episodes
     # every episode of every fed task arrived, once per traj_id (re-runs after a rebalance share ids)
     assert len({t.traj_id for t in trajs}) == len(fed) * GROUP

@@ -86,8 +86,9 @@ def test_a_stall_asks_each_running_component_for_its_thread_stacks(tmp_path: Pat
     """)
     sup = Supervisor(tmp_path, env=subprocess_env())
     live = Component("trainer-solver", [], stage=0)
-    live.proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 env=subprocess_env())
+    live.proc = subprocess.Popen(
+        [sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env()
+    )
     gone = Component("feeder", [], stage=0)
     gone.proc = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.proc.wait()
@@ -127,8 +128,12 @@ def test_a_finished_run_stops_every_stage_at_once(tmp_path: Path) -> None:
     sup = Supervisor(tmp_path, env=subprocess_env())
     for stage, name in enumerate(("trainer-solver", "streams", "feeder")):
         c = Component(name, [], stage=stage, stop_timeout_s=60)
-        c.proc = subprocess.Popen([sys.executable, "-c", child, str(marks), name], stdout=subprocess.PIPE,
-                                  env=subprocess_env(), start_new_session=True)
+        c.proc = subprocess.Popen(
+            [sys.executable, "-c", child, str(marks), name],
+            stdout=subprocess.PIPE,
+            env=subprocess_env(),
+            start_new_session=True,
+        )
         sup.components.append(c)
     for c in sup.components:
         assert c.proc is not None and c.proc.stdout is not None and c.proc.stdout.readline() == b"ready\n"
@@ -178,8 +183,9 @@ def test_exit_now_keeps_what_the_component_wrote(tmp_path: Path) -> None:
         sys.stdout.write("fed 12 tasks")  # no newline, no flush: still in the buffer
         exit_now(3)
     """)
-    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=subprocess_env(),
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, env=subprocess_env(), timeout=60
+    )
     assert out.returncode == 3
     assert out.stdout == "fed 12 tasks" and "logged before exit" in out.stderr
 

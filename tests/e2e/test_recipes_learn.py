@@ -88,7 +88,9 @@ def guess_greedily(run_dir: Path) -> float:
     env = GuessNumberEnv(**args)
     found = 0
     for spec, _ in itertools.islice(env.tasks(0), args["max_number"]):  # one epoch: every secret once
-        task = Task(task_id="greedy", env=env.name, roles={"agent": "agent"}, prompt=spec.prompt, payload=spec.payload)
+        task = Task(
+            task_id="greedy", env=env.name, roles={"agent": "agent"}, prompt=spec.prompt, payload=spec.payload
+        )
         state, observation = env.reset(task, codec, random.Random(0))
         ids = [codec.bos, *codec.ids(observation)]
         while True:
@@ -101,7 +103,9 @@ def guess_greedily(run_dir: Path) -> float:
     return found / args["max_number"]
 
 
-def test_referential_game_speaker_and_listener_learn_to_communicate(tmp_path: Path, kafka_bootstrap: str) -> None:
+def test_referential_game_speaker_and_listener_learn_to_communicate(
+    tmp_path: Path, kafka_bootstrap: str
+) -> None:
     result = run_recipe("referential_game", tmp_path, kafka_bootstrap)
     for role in ("speaker", "listener"):
         policy = result["policies"][role]
@@ -134,8 +138,12 @@ def play_greedily(run_dir: Path) -> float:
     wins = games = 0
     for pair in itertools.permutations(args["symbols"], args["n_candidates"]):
         for target in range(len(pair)):
-            task = Task(task_id="greedy", env=env.name, roles={"speaker": "speaker", "listener": "listener"},
-                        payload={"candidates": "".join(pair), "target": target})
+            task = Task(
+                task_id="greedy",
+                env=env.name,
+                roles={"speaker": "speaker", "listener": "listener"},
+                payload={"candidates": "".join(pair), "target": target},
+            )
             state, seen = env.reset(task, codec, random.Random(0))
             message = argmax(speaker, [codec.bos, *codec.ids(seen)])
             before, after = env.listener_prompt(state)

@@ -25,7 +25,9 @@ def test_recipe_is_accepted_by_every_component(path: Path) -> None:
     recipe = load_recipe(path)
     assert recipe.name == path.stem
     check_recipe(recipe)
-    build_pipeline(recipe.streams, StageContext(policies=recipe.policy_names, max_staleness=recipe.max_staleness))
+    build_pipeline(
+        recipe.streams, StageContext(policies=recipe.policy_names, max_staleness=recipe.max_staleness)
+    )
     names = {s.name for s in topics.expand(topics.load_spec(), recipe.policy_names)}
     assert {f"samples.{p}" for p in recipe.policy_names} <= names
     assert recipe.description.strip(), "say what the recipe trains and what to expect"
@@ -38,7 +40,11 @@ def test_the_cpu_and_gpu_recipes_exist() -> None:
         gpu = path.parent.name == "gpu"
         assert (recipe.name in GPU_RECIPES) == gpu
         if gpu:  # real checkpoints from a local path, served by SGLang, trained on CUDA
-            assert recipe.model.path and recipe.worker.engine.type == "sglang" and recipe.trainer.device == "cuda"
+            assert (
+                recipe.model.path
+                and recipe.worker.engine.type == "sglang"
+                and recipe.trainer.device == "cuda"
+            )
         else:
             assert recipe.model.path is None and recipe.worker.engine.type == "torch"
 
@@ -47,7 +53,9 @@ def test_an_unknown_name_fails_at_load_time(tmp_path: Path) -> None:
     from astraflow.errors import ConfigError
 
     bad = tmp_path / "bad.yaml"
-    bad.write_text((REPO / "recipes" / "arithmetic.yaml").read_text().replace("env: arithmetic", "env: arithmetik"))
+    bad.write_text(
+        (REPO / "recipes" / "arithmetic.yaml").read_text().replace("env: arithmetic", "env: arithmetik")
+    )
     with pytest.raises((ConfigError, KeyError, ValueError)) as info:
         check_recipe(load_recipe(bad))
     assert "arithmetik" in str(info.value) and "arithmetic" in str(info.value)  # names the known ones

@@ -13,7 +13,28 @@ def series(values: list[float]) -> list[dict[str, float]]:
 
 def test_tenths_of_a_run_that_learned_then_slipped() -> None:
     # 20 steps (tenths of 2): rises to a peak of 1.0 at steps 12-13, ends at 0.6
-    values = [0.0, 0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.9, 1.0, 1.0, 0.9, 0.8, 0.7, 0.7, 0.6, 0.6]
+    values = [
+        0.0,
+        0.0,
+        0.1,
+        0.2,
+        0.3,
+        0.4,
+        0.5,
+        0.6,
+        0.7,
+        0.8,
+        0.9,
+        0.9,
+        1.0,
+        1.0,
+        0.9,
+        0.8,
+        0.7,
+        0.7,
+        0.6,
+        0.6,
+    ]
     out = learning(series(values), "reward.success")
     assert out["steps"] == 20
     assert out["first_tenth"] == pytest.approx(0.0) and out["last_tenth"] == pytest.approx(0.6)
@@ -44,9 +65,19 @@ def test_tensorboard_reads_every_metric_back_per_component(tmp_path) -> None:  #
 
     from astraflow.runner.report import write_tensorboard
 
-    rows = [{"component": "trainer", "id": "trainer.solver", "step": s, "time": 100.0 + s,
-             "values": {"loss": 0.5 / s, "reward.mean": s / 10}} for s in range(1, 4)]
-    rows.append({"component": "worker", "id": "w0", "step": -1, "time": 107.5, "values": {"worker.tokens": 42.0}})
+    rows = [
+        {
+            "component": "trainer",
+            "id": "trainer.solver",
+            "step": s,
+            "time": 100.0 + s,
+            "values": {"loss": 0.5 / s, "reward.mean": s / 10},
+        }
+        for s in range(1, 4)
+    ]
+    rows.append(
+        {"component": "worker", "id": "w0", "step": -1, "time": 107.5, "values": {"worker.tokens": 42.0}}
+    )
     write_tensorboard(rows, tmp_path)
     trainer = EventAccumulator(str(tmp_path / "trainer" / "trainer.solver"))
     trainer.Reload()

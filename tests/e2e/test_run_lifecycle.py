@@ -27,13 +27,21 @@ def trained_groups(run_dir: Path, policy: str) -> list[str]:
 
 
 def test_ctrl_c_leaves_nothing_running_and_a_second_run_resumes(tmp_path: Path) -> None:
-    recipe = recipe_copy("arithmetic", tmp_path, model=TINY, worker={"count": 1},
-                         trainer={"batch_groups": 2}, run={"max_steps": None})
+    recipe = recipe_copy(
+        "arithmetic",
+        tmp_path,
+        model=TINY,
+        worker={"count": 1},
+        trainer={"batch_groups": 2},
+        run={"max_steps": None},
+    )
     run_dir = tmp_path / "run"
     env = subprocess_env()  # no ASTRAFLOW_BOOTSTRAP: the run starts its own broker in the run directory
 
     first = start_run(recipe, run_dir, env)
-    wait_for(lambda: trainer_steps(run_dir, "solver") >= 3 or first.poll() is not None, 600, "three trainer steps")
+    wait_for(
+        lambda: trainer_steps(run_dir, "solver") >= 3 or first.poll() is not None, 600, "three trainer steps"
+    )
     assert first.poll() is None, first.communicate()[0][-3000:]
     first.send_signal(signal.SIGINT)
     out = finish(first, 240)
@@ -46,7 +54,13 @@ def test_ctrl_c_leaves_nothing_running_and_a_second_run_resumes(tmp_path: Path) 
     assert s1["stop_reason"] == "interrupted"
     steps_before = s1["policies"]["solver"]["steps"]
     assert steps_before >= 3
-    for name in ("metrics.jsonl", "summary.txt", "plots/reward.png", "plots/throughput.png", "plots/staleness.png"):
+    for name in (
+        "metrics.jsonl",
+        "summary.txt",
+        "plots/reward.png",
+        "plots/throughput.png",
+        "plots/staleness.png",
+    ):
         assert (run_dir / name).exists(), name
     assert "\nscaling: " in (run_dir / "summary.txt").read_text()  # what bounded the run (advice.py)
     assert any((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
@@ -67,8 +81,14 @@ def test_ctrl_c_leaves_nothing_running_and_a_second_run_resumes(tmp_path: Path) 
 
 
 def test_a_killed_supervisor_takes_its_components_and_broker_with_it(tmp_path: Path) -> None:
-    recipe = recipe_copy("arithmetic", tmp_path, model=TINY, worker={"count": 1},
-                         trainer={"batch_groups": 2}, run={"max_steps": None})
+    recipe = recipe_copy(
+        "arithmetic",
+        tmp_path,
+        model=TINY,
+        worker={"count": 1},
+        trainer={"batch_groups": 2},
+        run={"max_steps": None},
+    )
     run_dir = tmp_path / "run"
     proc = start_run(recipe, run_dir, subprocess_env())
     wait_for(lambda: trainer_steps(run_dir, "solver") >= 1 or proc.poll() is not None, 600, "a trainer step")
@@ -79,7 +99,9 @@ def test_a_killed_supervisor_takes_its_components_and_broker_with_it(tmp_path: P
     wait_for(lambda: processes_of(run_dir) == [], 120, "every process of the run to exit")
 
 
-def test_a_broker_that_fails_to_start_stops_the_components_waiting_for_it(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_broker_that_fails_to_start_stops_the_components_waiting_for_it(
+    tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     """The components start while the run's broker boots and wait for their topics; when the broker
     then fails, they stop at their SIGTERM (a clean exit), not at the SIGKILL after their grace."""
     import time
@@ -102,6 +124,11 @@ def test_a_broker_that_fails_to_start_stops_the_components_waiting_for_it(tmp_pa
     with pytest.raises(BrokerError, match="exited with status 1"):
         run.execute()
     assert run.sup is not None and {c.name for c in run.sup.components} == {
-        "trainer-solver", "streams", "worker-0", "feeder"}
+        "trainer-solver",
+        "streams",
+        "worker-0",
+        "feeder",
+    }
     assert {c.name: c.exit_code for c in run.sup.components} == dict.fromkeys(
-        ("trainer-solver", "streams", "worker-0", "feeder"), 0)
+        ("trainer-solver", "streams", "worker-0", "feeder"), 0
+    )

@@ -12,12 +12,21 @@ from astraflow.runner.run import RunOptions, components
 from tests.conftest import REPO
 
 
-def test_components_start_in_order_and_share_the_cores(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_components_start_in_order_and_share_the_cores(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr("os.sched_getaffinity", lambda _pid: set(range(8)))
     path = REPO / "recipes" / "referential_game.yaml"
     plan = components(load_recipe(path), path, tmp_path, RunOptions(workers=2))
-    assert [c.name for c in plan] == ["trainer-speaker", "trainer-listener", "streams", "worker-0", "worker-1", "feeder"]
+    assert [c.name for c in plan] == [
+        "trainer-speaker",
+        "trainer-listener",
+        "streams",
+        "worker-0",
+        "worker-1",
+        "feeder",
+    ]
     assert [c.stage for c in plan] == sorted(c.stage for c in plan)
     # 8 cores among 2 trainers and 2 workers
     assert {c.env["OMP_NUM_THREADS"] for c in plan} == {"2"}

@@ -7,39 +7,48 @@ from astraflow.runner.collector import Instance, Snapshot
 from astraflow.runner.dashboard import render
 from astraflow.runner.stall import Flow, StallDetector, observe, stall_line
 
-HUNG = Flow(feeder_ahead=24, window=24, episodes_in_flight=0, workers=2, tasks_lag=0, streams_lag=0,
-            streams_pending=0)
+HUNG = Flow(
+    feeder_ahead=24, window=24, episodes_in_flight=0, workers=2, tasks_lag=0, streams_lag=0, streams_pending=0
+)
 
 
 def test_the_chaos_hang_names_the_admission_window() -> None:
     assert stall_line("solver", 81, 95.4, HUNG) == (
         "stall: trainer solver at step 81 for 95 s; feeder blocked at ahead 24; workers idle; tasks lag 0; "
-        "streams lag 0, 0 pending; suspect: the feeder's admission window (nothing is in flight anywhere)")
+        "streams lag 0, 0 pending; suspect: the feeder's admission window (nothing is in flight anywhere)"
+    )
 
 
 def test_each_blocked_stage_is_named() -> None:
     cases = {
-        Flow(feeder_ahead=10, window=24, workers=2, tasks_lag=0, streams_lag=310):
-            "feeder ahead 10; workers idle; tasks lag 0; streams lag 310, 0 pending; "
-            "suspect: streams (310 trajectories not consumed)",
-        Flow(feeder_ahead=24, window=24, workers=2, tasks_lag=12, streams_lag=0):
-            "feeder blocked at ahead 24; workers idle; tasks lag 12; streams lag 0, 0 pending; "
-            "suspect: the workers (12 tasks waiting, no episode running)",
-        Flow(feeder_ahead=24, window=24, workers=0, tasks_lag=12, streams_lag=0):
-            "feeder blocked at ahead 24; workers idle; tasks lag 12; streams lag 0, 0 pending; "
-            "suspect: the workers (none reports)",
-        Flow(feeder_ahead=20, window=24, episodes_in_flight=64, workers=4, tasks_lag=3, streams_lag=0):
-            "feeder ahead 20; workers busy (64 episodes in flight); tasks lag 3; streams lag 0, 0 pending; "
-            "suspect: the workers (rollouts in progress)",
-        Flow(feeder_ahead=24, window=24, workers=1, tasks_lag=0, streams_lag=0, streams_pending=3):
-            "feeder blocked at ahead 24; workers idle; tasks lag 0; streams lag 0, 3 pending; "
-            "suspect: streams (3 trajectories wait in incomplete groups)",
-        Flow(feeder_ahead=0, window=24, workers=1, tasks_lag=0, streams_lag=0):
-            "feeder ahead 0; workers idle; tasks lag 0; streams lag 0, 0 pending; "
-            "suspect: the feeder (nothing published ahead of the trainers)",
-        Flow(feeder_ahead=None, window=None, workers=1, tasks_lag=None, streams_lag=None):
-            "feeder silent; workers idle; tasks lag -; streams lag -, 0 pending; "
-            "suspect: the trainer (samples were produced but not trained)",
+        Flow(
+            feeder_ahead=10, window=24, workers=2, tasks_lag=0, streams_lag=310
+        ): "feeder ahead 10; workers idle; tasks lag 0; streams lag 310, 0 pending; "
+        "suspect: streams (310 trajectories not consumed)",
+        Flow(
+            feeder_ahead=24, window=24, workers=2, tasks_lag=12, streams_lag=0
+        ): "feeder blocked at ahead 24; workers idle; tasks lag 12; streams lag 0, 0 pending; "
+        "suspect: the workers (12 tasks waiting, no episode running)",
+        Flow(
+            feeder_ahead=24, window=24, workers=0, tasks_lag=12, streams_lag=0
+        ): "feeder blocked at ahead 24; workers idle; tasks lag 12; streams lag 0, 0 pending; "
+        "suspect: the workers (none reports)",
+        Flow(
+            feeder_ahead=20, window=24, episodes_in_flight=64, workers=4, tasks_lag=3, streams_lag=0
+        ): "feeder ahead 20; workers busy (64 episodes in flight); tasks lag 3; streams lag 0, 0 pending; "
+        "suspect: the workers (rollouts in progress)",
+        Flow(
+            feeder_ahead=24, window=24, workers=1, tasks_lag=0, streams_lag=0, streams_pending=3
+        ): "feeder blocked at ahead 24; workers idle; tasks lag 0; streams lag 0, 3 pending; "
+        "suspect: streams (3 trajectories wait in incomplete groups)",
+        Flow(
+            feeder_ahead=0, window=24, workers=1, tasks_lag=0, streams_lag=0
+        ): "feeder ahead 0; workers idle; tasks lag 0; streams lag 0, 0 pending; "
+        "suspect: the feeder (nothing published ahead of the trainers)",
+        Flow(
+            feeder_ahead=None, window=None, workers=1, tasks_lag=None, streams_lag=None
+        ): "feeder silent; workers idle; tasks lag -; streams lag -, 0 pending; "
+        "suspect: the trainer (samples were produced but not trained)",
     }
     for flow, want in cases.items():
         assert stall_line("p", 3, 61, flow) == f"stall: trainer p at step 3 for 61 s; {want}"
@@ -83,9 +92,13 @@ def _inst(component: str, id_: str, values: dict[str, float]) -> Instance:
 
 def test_observed_from_a_snapshot_and_shown_on_the_dashboard() -> None:
     snap = Snapshot(lag={"tasks": 0, "trajectories": 0})
-    for inst in (_inst("trainer", "trainer.solver", {"step": 81}), _inst("feeder", "feeder", {"feeder.ahead": 24}),
-                 _inst("worker", "w0", {"worker.in_flight": 0}), _inst("worker", "w1", {"worker.in_flight": 0}),
-                 _inst("streams", "s0", {"trajectories.pending": 0})):
+    for inst in (
+        _inst("trainer", "trainer.solver", {"step": 81}),
+        _inst("feeder", "feeder", {"feeder.ahead": 24}),
+        _inst("worker", "w0", {"worker.in_flight": 0}),
+        _inst("worker", "w1", {"worker.in_flight": 0}),
+        _inst("streams", "s0", {"trajectories.pending": 0}),
+    ):
         snap.instances[(inst.component, inst.id)] = inst
     steps, flow = observe(snap, ["solver", "verifier"], window=24)
     assert steps == {"solver": 81, "verifier": 0} and flow == HUNG

@@ -32,10 +32,23 @@ def test_collector_reports_lag_dead_letters_metrics_and_weights(kafka: KafkaSett
             producer.produce(kafka.topic("tasks"), b"task", partition=partition)
     for _ in range(3):
         producer.produce(kafka.topic("deadletter"), b"dead")
-    producer.produce(kafka.topic("metrics"), encode(Metric(component="trainer", id="trainer.solver", step=7,
-                                                           values={"step": 7.0, "reward.mean": 0.25})))
-    producer.produce(kafka.topic("weights"), key=b"solver", value=encode(WeightVersion(policy="solver", version=3, step=7, snapshot_version=3,
-                                                                snapshot_uri="file:///store/solver/3")))
+    producer.produce(
+        kafka.topic("metrics"),
+        encode(
+            Metric(
+                component="trainer", id="trainer.solver", step=7, values={"step": 7.0, "reward.mean": 0.25}
+            )
+        ),
+    )
+    producer.produce(
+        kafka.topic("weights"),
+        key=b"solver",
+        value=encode(
+            WeightVersion(
+                policy="solver", version=3, step=7, snapshot_version=3, snapshot_uri="file:///store/solver/3"
+            )
+        ),
+    )
     assert producer.flush(30) == 0
     commit(kafka, "workers", "tasks", {0: 4, 1: 1})
 
@@ -58,20 +71,26 @@ def test_collector_reports_lag_dead_letters_metrics_and_weights(kafka: KafkaSett
     assert snap.weights["solver"].version == 3
 
 
-def test_collector_stopped_at_once_still_reads_every_metric_there(kafka: KafkaSettings, topics, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_collector_stopped_at_once_still_reads_every_metric_there(
+    kafka: KafkaSettings, topics, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     """The run report is written from what the collector read: stopped the moment the trainers
     are done, it reads on to the topic's end (one short poll lost a 3-node run's last 6 steps)."""
     topics(["solver"])
     producer = Producer(client_config(kafka))
     for step in range(40):
-        producer.produce(kafka.topic("metrics"), encode(Metric(component="trainer", id="trainer.solver", step=step,
-                                                               values={"step": float(step)})))
+        producer.produce(
+            kafka.topic("metrics"),
+            encode(Metric(component="trainer", id="trainer.solver", step=step, values={"step": float(step)})),
+        )
     assert producer.flush(30) == 0
     jsonl = tmp_path / "metrics.jsonl"
     collector = MetricsCollector(kafka, jsonl=jsonl).start()
     collector.stop()  # before its group has even been joined
     rows = [json.loads(line) for line in jsonl.read_text().splitlines()]
-    steps = [r["step"] for r in rows if r["component"] == "trainer"]  # the collector's lag probe may be there too
+    steps = [
+        r["step"] for r in rows if r["component"] == "trainer"
+    ]  # the collector's lag probe may be there too
     assert steps == list(range(40))
     assert collector.snapshot().of("trainer")[0].step == 39
 
@@ -84,8 +103,14 @@ def test_status_command_prints_the_dashboard_of_a_running_system(kafka: KafkaSet
     out = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "no metrics in the last" in out.stdout + out.stderr, out
     producer = Producer(client_config(kafka))
-    producer.produce(kafka.topic("metrics"), encode(Metric(component="trainer", id="trainer.solver", step=12,
-                                                           values={"step": 12.0, "reward.mean": 0.5})))
+    producer.produce(
+        kafka.topic("metrics"),
+        encode(
+            Metric(
+                component="trainer", id="trainer.solver", step=12, values={"step": 12.0, "reward.mean": 0.5}
+            )
+        ),
+    )
     assert producer.flush(30) == 0
     out = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out
@@ -130,10 +155,18 @@ def test_lag_probes_from_the_first_second_of_a_new_broker(tmp_path: Path) -> Non
         data = tmp_path / f"broker{attempt}"
         state = broker.start(port=0, data_dir=data)
         try:
-            out = subprocess.run([sys.executable, "-c", PROBE_FROM_THE_FIRST_SECOND, state.bootstrap],
-                                 env=subprocess_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+            out = subprocess.run(
+                [sys.executable, "-c", PROBE_FROM_THE_FIRST_SECOND, state.bootstrap],
+                env=subprocess_env(),
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
         finally:
             broker.stop(data)
-        assert out.returncode == 0, f"attempt {attempt}: exit {out.returncode}\n{out.stdout}{out.stderr[-3000:]}"
+        assert out.returncode == 0, (
+            f"attempt {attempt}: exit {out.returncode}\n{out.stdout}{out.stderr[-3000:]}"
+        )
         calls, _errors, last = out.stdout.split(" ", 2)
         assert int(calls) > 50 and last.strip() == "{'tasks': 4}", out.stdout

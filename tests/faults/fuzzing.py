@@ -58,7 +58,9 @@ class Consumer:
     refuse: Callable[[bytes | None, bytes | None], str | None]
 
 
-def decoder(cls: type[Record] | tuple[type[Record], ...]) -> Callable[[bytes | None, bytes | None], str | None]:
+def decoder(
+    cls: type[Record] | tuple[type[Record], ...],
+) -> Callable[[bytes | None, bytes | None], str | None]:
     """What the trainer does (decode_or_deadletter: a null value decodes as b"")."""
 
     def refuse(value: bytes | None, _key: bytes | None) -> str | None:
@@ -119,8 +121,15 @@ class Fuzzer:
     """Fuzzed values for one consumer, from a seeded RNG; each is refused by the consumer's own
     check (a mutation that happens to stay valid is drawn again)."""
 
-    KINDS = {"noise": 15, "empty": 5, "truncated": 15, "wrong_type": 10, "targeted": 30, "generic": 20,
-             "rejected": 5}
+    KINDS = {
+        "noise": 15,
+        "empty": 5,
+        "truncated": 15,
+        "wrong_type": 10,
+        "targeted": 30,
+        "generic": 20,
+        "rejected": 5,
+    }
     KEYLESS, HEADERS = 0.03, 0.1  # shares of records without a key, and with Kafka headers
 
     def __init__(self, consumer: Consumer, rng: random.Random, max_message_bytes: int) -> None:
@@ -136,8 +145,10 @@ class Fuzzer:
             key = None
         headers = None
         if self.rng.random() < self.HEADERS:
-            headers = [(self.rng.choice(["h", "", "ünï", "x" * 200]), self.rng.randbytes(self.rng.randrange(64)))
-                       for _ in range(self.rng.randint(1, 4))]
+            headers = [
+                (self.rng.choice(["h", "", "ünï", "x" * 200]), self.rng.randbytes(self.rng.randrange(64)))
+                for _ in range(self.rng.randint(1, 4))
+            ]
         for _ in range(100):
             value, must_name = getattr(self, kind)()
             reason = self.consumer.refuse(value, key)
@@ -216,7 +227,9 @@ class Fuzzer:
             if draw < 0.4:
                 return encode(dataclasses.replace(record, group_id=record.group_id + "x")), "group_id"
             if draw < 0.7:  # a worker's batch of the group, under another key: refused whole
-                return encode(TrajectoryBatch(group_id=record.group_id, items=[encode(record)])), "TrajectoryBatch.<key>"
+                return encode(
+                    TrajectoryBatch(group_id=record.group_id, items=[encode(record)])
+                ), "TrajectoryBatch.<key>"
             return encode(record), "<key>"
         assert isinstance(record, Sample)
         body = body_of(record)

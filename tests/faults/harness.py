@@ -34,9 +34,24 @@ def start_run(recipe: Path, run_dir: Path, env: dict[str, str], *args: str) -> s
     (crash events carry log tails), which looks exactly like a stall."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     out = open(run_dir.parent / f"{run_dir.name}-{time.time_ns()}.out", "w+")  # noqa: SIM115 - closed by finish
-    proc = subprocess.Popen([sys.executable, "-m", "astraflow.cli", "run", str(recipe), "--run-dir", str(run_dir),
-                             "--no-dashboard", *args], env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
-                            cwd=REPO)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "astraflow.cli",
+            "run",
+            str(recipe),
+            "--run-dir",
+            str(run_dir),
+            "--no-dashboard",
+            *args,
+        ],
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+    )
     proc.output_file = out  # type: ignore[attr-defined]
     return proc
 
@@ -48,7 +63,9 @@ def finish(proc: subprocess.Popen[str], timeout: float) -> str:
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=180)
-        raise AssertionError(f"astraflow run did not finish in {timeout:.0f}s:\n{output(proc)[-5000:]}") from None
+        raise AssertionError(
+            f"astraflow run did not finish in {timeout:.0f}s:\n{output(proc)[-5000:]}"
+        ) from None
     return output(proc)
 
 
@@ -95,9 +112,26 @@ def kill_broker(data_dir: Path) -> int:
 def restart_broker(data_dir: Path) -> str:
     """`astraflow broker start` on `data_dir` and its port: the clients reconnect by themselves."""
     port = int(broker_state(data_dir)["port"])
-    out = subprocess.run([sys.executable, "-m", "astraflow.cli", "broker", "start", "--port", str(port),
-                          "--data-dir", str(data_dir), "--timeout", "900"], capture_output=True, text=True, timeout=960,
-                         cwd=REPO, env=subprocess_env())
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "astraflow.cli",
+            "broker",
+            "start",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(data_dir),
+            "--timeout",
+            "900",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=960,
+        cwd=REPO,
+        env=subprocess_env(),
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout.strip().splitlines()[-1]
 
@@ -107,9 +141,15 @@ def fault_recipe(path: Path, workers: int = 1) -> Path:
     step, a checkpoint at every step (each trainer failpoint has a step to hit, and a crash
     between a version's announcement and its checkpoint loses that version), no step limit (the
     faults decide when it ends)."""
-    return write_recipe(path, REPO / "recipes" / "arithmetic.yaml", model=TINY, worker={"count": workers},
-                        feeder={"group_size": 4}, trainer={"batch_groups": BATCH_GROUPS, "checkpoint_every": 1},
-                        run={"max_steps": None})
+    return write_recipe(
+        path,
+        REPO / "recipes" / "arithmetic.yaml",
+        model=TINY,
+        worker={"count": workers},
+        feeder={"group_size": 4},
+        trainer={"batch_groups": BATCH_GROUPS, "checkpoint_every": 1},
+        run={"max_steps": None},
+    )
 
 
 def write_recipe(path: Path, base: Path, **overrides: Any) -> Path:
@@ -141,8 +181,14 @@ def catches_sigterm(pid: int) -> bool:
     return bool(caught >> (signal.SIGTERM - 1) & 1)
 
 
-def drain(run_dir: Path, proc: subprocess.Popen[str], env: dict[str, str], policies: list[str],
-          batch_groups: int, timeout: float = 600.0) -> Ledger:
+def drain(
+    run_dir: Path,
+    proc: subprocess.Popen[str],
+    env: dict[str, str],
+    policies: list[str],
+    batch_groups: int,
+    timeout: float = 600.0,
+) -> Ledger:
     """Stop the feeder of the running run (SIGTERM: a clean exit, which the supervisor does not
     restart; again if a crashed one comes back), let every task in flight finish, and return the
     ledger once it is drained: nothing waits anywhere but fewer than a batch per policy in the
@@ -152,7 +198,9 @@ def drain(run_dir: Path, proc: subprocess.Popen[str], env: dict[str, str], polic
     quiet = 0
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"the run exited ({proc.returncode}) while draining:\n{finish(proc, 10)[-4000:]}")
+            raise AssertionError(
+                f"the run exited ({proc.returncode}) while draining:\n{finish(proc, 10)[-4000:]}"
+            )
         feeders = component_pids(run_dir, "feed")
         for pid in feeders:
             if catches_sigterm(pid):  # before that, SIGTERM kills it: a crash, restarted
@@ -177,9 +225,12 @@ def wait_steps(run_dir: Path, policy: str, target: int, proc: subprocess.Popen[s
     start = time.monotonic()
     while trainer_steps(run_dir, policy) < target:
         if proc.poll() is not None:
-            raise AssertionError(f"the run exited ({proc.returncode}) before step {target}:\n{finish(proc, 10)[-4000:]}")
+            raise AssertionError(
+                f"the run exited ({proc.returncode}) before step {target}:\n{finish(proc, 10)[-4000:]}"
+            )
         if time.monotonic() - start > timeout:
-            raise AssertionError(f"stall: step {target} not reached in {timeout:.0f}s "
-                                 f"(at {trainer_steps(run_dir, policy)})")
+            raise AssertionError(
+                f"stall: step {target} not reached in {timeout:.0f}s (at {trainer_steps(run_dir, policy)})"
+            )
         time.sleep(0.5)
     return time.monotonic() - start

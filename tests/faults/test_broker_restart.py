@@ -26,8 +26,13 @@ from tests.faults.harness import (
     wait_steps,
 )
 
-pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.broker, pytest.mark.slow,
-              pytest.mark.timeout(1800)]  # a loaded 2-core machine: restarts take minutes
+pytestmark = [
+    pytest.mark.faults,
+    pytest.mark.e2e,
+    pytest.mark.broker,
+    pytest.mark.slow,
+    pytest.mark.timeout(1800),
+]  # a loaded 2-core machine: restarts take minutes
 
 
 def test_a_broker_killed_and_restarted_under_load_loses_nothing(tmp_path: Path) -> None:

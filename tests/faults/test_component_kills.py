@@ -31,8 +31,13 @@ from tests.faults.harness import (
     wait_steps,
 )
 
-pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.broker, pytest.mark.slow,
-              pytest.mark.timeout(1800)]  # a loaded 2-core machine: restarts take minutes
+pytestmark = [
+    pytest.mark.faults,
+    pytest.mark.e2e,
+    pytest.mark.broker,
+    pytest.mark.slow,
+    pytest.mark.timeout(1800),
+]  # a loaded 2-core machine: restarts take minutes
 
 
 def spawns(run_dir: Path, name: str) -> int:
@@ -41,7 +46,8 @@ def spawns(run_dir: Path, name: str) -> int:
 
 
 def test_each_component_and_the_supervisor_killed_mid_run_lose_and_duplicate_nothing(
-        tmp_path: Path, kafka_bootstrap: str) -> None:
+    tmp_path: Path, kafka_bootstrap: str
+) -> None:
     recipe = fault_recipe(tmp_path / "arithmetic.yaml")
     run_dir = tmp_path / "run"
     env = run_env(kafka_bootstrap)
@@ -56,10 +62,15 @@ def test_each_component_and_the_supervisor_killed_mid_run_lose_and_duplicate_not
         time.sleep(0.5)
 
     # the stopped trainer checkpointed its last step; the failpoints come after it, whatever it was
-    at = max(int(p.name.split("-")[1]) for p in (run_dir / "trainer" / "solver" / "checkpoints").glob("step-*"))
+    at = max(
+        int(p.name.split("-")[1]) for p in (run_dir / "trainer" / "solver" / "checkpoints").glob("step-*")
+    )
     points = {"mid_step": at + 2, "mid_checkpoint": at + 4, "mid_publication": at + 6}
-    faulty = env | {TRAINER_ENV: ",".join(f"{k}:{v}" for k, v in points.items()),
-                    "ASTRAFLOW_FEEDER_FAILPOINT": "after_publish:10", "ASTRAFLOW_STREAMS_FAILPOINT": "mid_emit:8"}
+    faulty = env | {
+        TRAINER_ENV: ",".join(f"{k}:{v}" for k, v in points.items()),
+        "ASTRAFLOW_FEEDER_FAILPOINT": "after_publish:10",
+        "ASTRAFLOW_STREAMS_FAILPOINT": "mid_emit:8",
+    }
     second = start_run(recipe, run_dir, faulty)
     try:
         wait_steps(run_dir, "solver", at + 3, second, 900)
@@ -83,5 +94,6 @@ def test_each_component_and_the_supervisor_killed_mid_run_lose_and_duplicate_not
     assert trained >= (at + 10) * BATCH_GROUPS, ledger.line()
     # taken again after the run stopped: the same, nothing fed after the drain
     again = build(run_dir, settings_of(run_dir, env), ["solver"])
-    assert again.problems(BATCH_GROUPS) == [] and again.to_json() | {"stream_drop_reasons": {}} == \
-        ledger.to_json() | {"stream_drop_reasons": {}}, (again.line(), ledger.line())
+    assert again.problems(BATCH_GROUPS) == [] and again.to_json() | {
+        "stream_drop_reasons": {}
+    } == ledger.to_json() | {"stream_drop_reasons": {}}, (again.line(), ledger.line())

@@ -67,14 +67,20 @@ def produce(settings: KafkaSettings, records: list[Fuzzed]) -> dict[tuple[str, i
                 errors.append(f"{msg.topic()}: {err}")
             else:
                 delivered[(msg.topic(), msg.partition(), msg.offset())] = f
+
         return report
 
     producer = make_producer(settings, **{"message.max.bytes": 64 << 20})
     for f in records:
         while True:
             try:
-                producer.produce(settings.topic(f.consumer.topic), value=f.value, key=f.key, headers=f.headers,
-                                 on_delivery=done(f))
+                producer.produce(
+                    settings.topic(f.consumer.topic),
+                    value=f.value,
+                    key=f.key,
+                    headers=f.headers,
+                    on_delivery=done(f),
+                )
                 break
             except BufferError:
                 producer.poll(0.1)
@@ -86,8 +92,11 @@ def produce(settings: KafkaSettings, records: list[Fuzzed]) -> dict[tuple[str, i
 
 
 def read_dead_letters(
-    settings: KafkaSettings, delivered: dict[tuple[str, int, int], Fuzzed], proc: Any, run_dir: Path,
-    timeout: float
+    settings: KafkaSettings,
+    delivered: dict[tuple[str, int, int], Fuzzed],
+    proc: Any,
+    run_dir: Path,
+    timeout: float,
 ) -> dict[int, list[DeadLetter]]:
     """The dead letters of the fuzzed records (by record number; a dead letter names the topic,
     partition and offset it came from, which tell keyless records apart too), read from the
@@ -140,7 +149,9 @@ def problems(delivered: dict[tuple[str, int, int], Fuzzed], found: dict[int, lis
         dead = letters[0]
         raw = f.value or b""
         if (dead.source_topic, dead.partition, dead.offset) != position:  # by construction; kept as a guard
-            out.append(f"{where}: from {dead.source_topic}[{dead.partition}]@{dead.offset}, produced at {position}")
+            out.append(
+                f"{where}: from {dead.source_topic}[{dead.partition}]@{dead.offset}, produced at {position}"
+            )
         if dead.component != f.consumer.component:
             out.append(f"{where}: dead-lettered by {dead.component}")
         if dead.error != f.reason[:8192]:  # what a dead letter's error holds (records/types.py)
@@ -169,7 +180,9 @@ def test_ten_thousand_fuzzed_records_are_dead_lettered_and_crash_nothing(
     assert len(records) == TOTAL and len({f.n for f in records}) == TOTAL
     kinds = {f.kind for f in records}
     assert kinds == {*Fuzzer.KINDS, "near_limit", "compressible", "long_key"}, kinds
-    assert 200 < sum(f.key is None for f in records) < 400 and 800 < sum(bool(f.headers) for f in records) < 1200
+    assert (
+        200 < sum(f.key is None for f in records) < 400 and 800 < sum(bool(f.headers) for f in records) < 1200
+    )
 
     proc = start_run(recipe, run_dir, env)
     try:

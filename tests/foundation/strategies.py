@@ -25,19 +25,26 @@ ids = st.text(min_size=1, max_size=40)
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64, min_value=-1e12, max_value=1e12)
 times = st.floats(min_value=0, max_value=4e9, allow_nan=False)
 sha = st.text(alphabet="0123456789abcdef", min_size=64, max_size=64)
-json_leaf = st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | finite | st.text(max_size=20)
-json_values = st.recursive(json_leaf, lambda inner: st.lists(inner, max_size=4) |
-                           st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=20)
+json_leaf = st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | finite | st.text(max_size=20)
+json_values = st.recursive(
+    json_leaf,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
 
 
 @st.composite
 def tasks(draw: st.DrawFn) -> Task:
     return Task(
-        task_id=draw(ids), env=draw(names),
+        task_id=draw(ids),
+        env=draw(names),
         roles=draw(st.dictionaries(names, names, min_size=1, max_size=3)),
-        group_size=draw(st.integers(1, 64)), prompt=draw(st.none() | st.text(max_size=100)),
-        seed=draw(st.none() | st.integers(0, 2**63 - 1)), payload=draw(json_values),
-        attempt=draw(st.integers(0, 100)), created_at=draw(times),
+        group_size=draw(st.integers(1, 64)),
+        prompt=draw(st.none() | st.text(max_size=100)),
+        seed=draw(st.none() | st.integers(0, 2**63 - 1)),
+        payload=draw(json_values),
+        attempt=draw(st.integers(0, 100)),
+        created_at=draw(times),
     )
 
 
@@ -57,12 +64,23 @@ def trajectories(draw: st.DrawFn) -> Trajectory:
     tokens, owner, logprobs, versions = draw(token_arrays(len(policies)))
     group_size = draw(st.integers(1, 16))
     return Trajectory(
-        traj_id=draw(ids), group_id=draw(ids), task_id=draw(ids), env=draw(names), policies=policies,
-        tokens=tokens, owner=owner, logprobs=logprobs, versions=versions,
-        rewards={p: draw(finite) for p in policies}, finish_reason=draw(st.sampled_from(FINISH_REASONS)),
-        error=draw(st.none() | st.text(min_size=1, max_size=50)), group_size=group_size,
-        sample_index=draw(st.integers(0, group_size - 1)), attempt=draw(st.integers(0, 5)),
-        worker_id=draw(ids), region=draw(ids),
+        traj_id=draw(ids),
+        group_id=draw(ids),
+        task_id=draw(ids),
+        env=draw(names),
+        policies=policies,
+        tokens=tokens,
+        owner=owner,
+        logprobs=logprobs,
+        versions=versions,
+        rewards={p: draw(finite) for p in policies},
+        finish_reason=draw(st.sampled_from(FINISH_REASONS)),
+        error=draw(st.none() | st.text(min_size=1, max_size=50)),
+        group_size=group_size,
+        sample_index=draw(st.integers(0, group_size - 1)),
+        attempt=draw(st.integers(0, 5)),
+        worker_id=draw(ids),
+        region=draw(ids),
         timings=draw(st.dictionaries(st.text(min_size=1, max_size=10), st.floats(0, 1e6), max_size=3)),
         created_at=draw(times),
     )
@@ -75,12 +93,25 @@ def samples(draw: st.DrawFn) -> Sample:
     adv = np.array(draw(st.lists(st.floats(-10, 10, width=32), min_size=n, max_size=n)), np.float32)
     group_size = draw(st.integers(1, 16))
     return Sample(
-        policy=draw(names), traj_id=draw(ids), group_id=draw(ids), task_id=draw(ids), env=draw(names),
-        tokens=tokens, loss_mask=(owner >= 0).astype(np.uint8), logprobs=logprobs, versions=versions,
-        advantages=adv, reward=draw(finite), group_size=group_size,
-        group_samples=draw(st.integers(1, group_size)), group_mean=draw(finite),
-        group_std=draw(st.floats(0, 1e6)), finish_reason=draw(st.sampled_from(FINISH_REASONS)),
-        attempt=draw(st.integers(0, 5)), replayed=draw(st.integers(0, 3)), created_at=draw(times),
+        policy=draw(names),
+        traj_id=draw(ids),
+        group_id=draw(ids),
+        task_id=draw(ids),
+        env=draw(names),
+        tokens=tokens,
+        loss_mask=(owner >= 0).astype(np.uint8),
+        logprobs=logprobs,
+        versions=versions,
+        advantages=adv,
+        reward=draw(finite),
+        group_size=group_size,
+        group_samples=draw(st.integers(1, group_size)),
+        group_mean=draw(finite),
+        group_std=draw(st.floats(0, 1e6)),
+        finish_reason=draw(st.sampled_from(FINISH_REASONS)),
+        attempt=draw(st.integers(0, 5)),
+        replayed=draw(st.integers(0, 3)),
+        created_at=draw(times),
     )
 
 
@@ -89,45 +120,70 @@ def weight_versions(draw: st.DrawFn) -> WeightVersion:
     version = draw(st.integers(1, 10_000))
     with_delta = draw(st.booleans())
     return WeightVersion(
-        policy=draw(names), version=version, step=draw(st.integers(0, 10**6)),
-        snapshot_version=draw(st.integers(0, version)), snapshot_uri=draw(ids), snapshot_sha256=draw(sha),
+        policy=draw(names),
+        version=version,
+        step=draw(st.integers(0, 10**6)),
+        snapshot_version=draw(st.integers(0, version)),
+        snapshot_uri=draw(ids),
+        snapshot_sha256=draw(sha),
         snapshot_bytes=draw(st.integers(0, 2**40)),
         delta_uri=draw(ids) if with_delta else None,
         delta_base=draw(st.integers(0, version - 1)) if with_delta else None,
         delta_sha256=draw(sha) if with_delta else None,
         delta_bytes=draw(st.integers(0, 2**40)) if with_delta else None,
-        changed_fraction=draw(st.none() | st.floats(0, 1)), dtype=draw(st.sampled_from(DTYPES)),
+        changed_fraction=draw(st.none() | st.floats(0, 1)),
+        dtype=draw(st.sampled_from(DTYPES)),
         created_at=draw(times),
     )
 
 
 @st.composite
 def task_stats(draw: st.DrawFn) -> TaskStats:
-    return TaskStats(task_id=draw(ids), env=draw(names), groups=draw(st.integers(0, 10**6)),
-                     samples=draw(st.integers(0, 10**6)), mean_reward=draw(finite),
-                     success_rate=draw(st.floats(0, 1)), zero_variance_groups=draw(st.integers(0, 10**6)),
-                     last_version=draw(st.integers(-1, 10**6)), updated_at=draw(times))
+    return TaskStats(
+        task_id=draw(ids),
+        env=draw(names),
+        groups=draw(st.integers(0, 10**6)),
+        samples=draw(st.integers(0, 10**6)),
+        mean_reward=draw(finite),
+        success_rate=draw(st.floats(0, 1)),
+        zero_variance_groups=draw(st.integers(0, 10**6)),
+        last_version=draw(st.integers(-1, 10**6)),
+        updated_at=draw(times),
+    )
 
 
 @st.composite
 def metrics(draw: st.DrawFn) -> Metric:
-    return Metric(component=draw(names), id=draw(ids),
-                  values=draw(st.dictionaries(st.text(min_size=1, max_size=20), finite, min_size=1, max_size=5)),
-                  region=draw(ids), step=draw(st.integers(-1, 10**6)), time=draw(times))
+    return Metric(
+        component=draw(names),
+        id=draw(ids),
+        values=draw(st.dictionaries(st.text(min_size=1, max_size=20), finite, min_size=1, max_size=5)),
+        region=draw(ids),
+        step=draw(st.integers(-1, 10**6)),
+        time=draw(times),
+    )
 
 
 @st.composite
 def dead_letters(draw: st.DrawFn) -> DeadLetter:
-    return DeadLetter(source_topic=draw(ids), partition=draw(st.integers(-1, 1000)),
-                      offset=draw(st.integers(-1, 2**62)), error=draw(st.text(min_size=1, max_size=100)),
-                      component=draw(ids), raw=draw(st.binary(max_size=200)),
-                      key=draw(st.none() | st.binary(max_size=20)), truncated=draw(st.booleans()),
-                      time=draw(times))
+    return DeadLetter(
+        source_topic=draw(ids),
+        partition=draw(st.integers(-1, 1000)),
+        offset=draw(st.integers(-1, 2**62)),
+        error=draw(st.text(min_size=1, max_size=100)),
+        component=draw(ids),
+        raw=draw(st.binary(max_size=200)),
+        key=draw(st.none() | st.binary(max_size=20)),
+        truncated=draw(st.booleans()),
+        time=draw(times),
+    )
 
 
 @st.composite
 def trajectory_batches(draw: st.DrawFn) -> TrajectoryBatch:
-    items = draw(st.lists(trajectories().map(encode) | st.binary(min_size=0, max_size=50), min_size=1, max_size=4))
+    items = draw(
+        st.lists(trajectories().map(encode) | st.binary(min_size=0, max_size=50), min_size=1, max_size=4)
+    )
     return TrajectoryBatch(group_id=draw(ids), items=items)
 
 
@@ -138,7 +194,13 @@ def sample_batches(draw: st.DrawFn) -> SampleBatch:
 
 
 ALL = {
-    "Task": tasks(), "Trajectory": trajectories(), "TrajectoryBatch": trajectory_batches(), "Sample": samples(),
-    "SampleBatch": sample_batches(), "WeightVersion": weight_versions(), "TaskStats": task_stats(), "Metric": metrics(),
+    "Task": tasks(),
+    "Trajectory": trajectories(),
+    "TrajectoryBatch": trajectory_batches(),
+    "Sample": samples(),
+    "SampleBatch": sample_batches(),
+    "WeightVersion": weight_versions(),
+    "TaskStats": task_stats(),
+    "Metric": metrics(),
     "DeadLetter": dead_letters(),
 }

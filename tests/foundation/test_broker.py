@@ -19,9 +19,12 @@ ASTRAFLOW = [sys.executable, "-m", "astraflow.cli"]
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 
-def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*ASTRAFLOW, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env or subprocess_env())
+def cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*ASTRAFLOW, *args], capture_output=True, text=True, timeout=timeout, env=env or subprocess_env()
+    )
 
 
 def our_jvms(data_dir: Path) -> list[int]:
@@ -38,7 +41,9 @@ def our_jvms(data_dir: Path) -> list[int]:
 
 
 def kcat_topics(bootstrap: str) -> dict[str, int]:
-    out = subprocess.run(["kcat", "-b", bootstrap, "-L"], capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        ["kcat", "-b", bootstrap, "-L"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
     assert re.search(r"1 brokers:\s+broker 1 at 127\.0\.0\.1:\d+", out), out
     return {m.group(1): int(m.group(2)) for m in re.finditer(r'topic "([^"]+)" with (\d+) partitions', out)}
 

@@ -16,7 +16,9 @@ def jvm_args(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
 
 
-def test_an_unusable_recording_is_dropped_not_adopted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unusable_recording_is_dropped_not_adopted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A recording cut short (its JVM killed while it wrote) would crash every JVM told to map it."""
     java, libs = find_java(), ensure_jars()
     archive = tmp_path / "cache" / "classes.jsa"
@@ -25,7 +27,9 @@ def test_an_unusable_recording_is_dropped_not_adopted(tmp_path: Path, monkeypatc
     (tmp_path / classdata.RECORDING).write_bytes(b"\x00" * 4096)
     assert not classdata.adopt(java, libs, tmp_path)
     assert not archive.exists() and not (tmp_path / classdata.RECORDING).exists()
-    assert classdata.broker_flags(java, libs, tmp_path) == [f"-XX:ArchiveClassesAtExit={tmp_path / classdata.RECORDING}"]
+    assert classdata.broker_flags(java, libs, tmp_path) == [
+        f"-XX:ArchiveClassesAtExit={tmp_path / classdata.RECORDING}"
+    ]
 
 
 def test_archive_path_is_per_jvm_and_jar_set(tmp_path: Path) -> None:
@@ -40,8 +44,9 @@ def test_archive_path_is_per_jvm_and_jar_set(tmp_path: Path) -> None:
 
 @pytest.mark.broker
 @pytest.mark.slow
-def test_first_broker_records_the_archive_and_the_next_maps_it(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_first_broker_records_the_archive_and_the_next_maps_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     java, libs = find_java(), ensure_jars()
     archive = tmp_path / "cache" / "classes.jsa"
     archive.parent.mkdir()

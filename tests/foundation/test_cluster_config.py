@@ -20,8 +20,11 @@ def test_each_node_is_a_voter_of_one_quorum_and_internal_topics_keep_two_in_sync
     assert node["controller.quorum.voters"] == voters
     assert node["listeners"] == "PLAINTEXT://127.0.0.1:9093,CONTROLLER://127.0.0.1:7002"
     assert node["log.dirs"] == str(tmp_path / "node-2" / "data")
-    for key in ("offsets.topic.replication.factor", "transaction.state.log.replication.factor",
-                "share.coordinator.state.topic.replication.factor"):
+    for key in (
+        "offsets.topic.replication.factor",
+        "transaction.state.log.replication.factor",
+        "share.coordinator.state.topic.replication.factor",
+    ):
         assert node[key] == "3", key
     assert node["transaction.state.log.min.isr"] == node["share.coordinator.state.topic.min.isr"] == "2"
     # topics bring their own min ISR (topics.yaml profile): a broker default of 2 would refuse RF-1 topics
@@ -29,7 +32,9 @@ def test_each_node_is_a_voter_of_one_quorum_and_internal_topics_keep_two_in_sync
 
     single = props(server_properties(tmp_path, 9092, 7000))  # the one-node broker is unchanged
     assert single["controller.quorum.voters"] == "1@127.0.0.1:7000"
-    assert single["offsets.topic.replication.factor"] == "1" and single["transaction.state.log.min.isr"] == "1"
+    assert (
+        single["offsets.topic.replication.factor"] == "1" and single["transaction.state.log.min.isr"] == "1"
+    )
 
 
 def test_cluster_state_round_trips_and_names_every_node(tmp_path: Path) -> None:

@@ -30,11 +30,19 @@ RECIPES = sorted((REPO / "recipes").glob("**/*.yaml"))
 
 
 def resolved(path: Path) -> dict:
-    assert shutil.which("docker-compose"), "docker-compose (Debian package) validates compose files: `make install`"
+    assert shutil.which("docker-compose"), (
+        "docker-compose (Debian package) validates compose files: `make install`"
+    )
     # A compose file with required variables ships an example env file beside it.
     env_files = [arg for f in sorted(path.parent.glob("*.env.example")) for arg in ("--env-file", str(f))]
-    result = subprocess.run(["docker-compose", *env_files, "-f", str(path), "config"], capture_output=True,
-                            text=True, cwd=path.parent, env=subprocess_env(), timeout=60)
+    result = subprocess.run(
+        ["docker-compose", *env_files, "-f", str(path), "config"],
+        capture_output=True,
+        text=True,
+        cwd=path.parent,
+        env=subprocess_env(),
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)
 
@@ -57,8 +65,12 @@ def is_usage_error(exc: BaseException) -> bool:
 
 
 def test_parse_cli_rejects_what_the_cli_rejects() -> None:
-    for bad in (["topics", "aply"], ["broker", "start", "--prot", "1"], ["broker", "start", "--port", "x"],
-                ["trainer", "--recipe", "r.yaml"]):  # the last lacks the required --policy
+    for bad in (
+        ["topics", "aply"],
+        ["broker", "start", "--prot", "1"],
+        ["broker", "start", "--port", "x"],
+        ["trainer", "--recipe", "r.yaml"],
+    ):  # the last lacks the required --policy
         with pytest.raises(Exception) as info:  # noqa: B017 - the class lives in typer's vendored click
             parse_cli(bad)
         assert is_usage_error(info.value), (bad, info.value)
@@ -74,7 +86,9 @@ def check_services(services: dict[str, Any]) -> dict[str, Any]:
     for name, svc in services.items():
         image = svc.get("image", "")
         if image.startswith("apache/kafka"):
-            assert image == f"apache/kafka:{kafka_version()}", "compose and the local broker run the same Kafka"
+            assert image == f"apache/kafka:{kafka_version()}", (
+                "compose and the local broker run the same Kafka"
+            )
             env = svc["environment"]
             assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, no ZooKeeper
             assert str(env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"]) == "false"
@@ -109,7 +123,9 @@ def test_compose_file_is_valid_and_matches_the_project(path: Path) -> None:
 
 
 @pytest.mark.parametrize("recipe_path", RECIPES, ids=lambda p: str(p.relative_to(REPO)))
-def test_every_recipe_has_a_valid_compose_with_one_trainer_per_policy(recipe_path: Path, tmp_path: Path) -> None:
+def test_every_recipe_has_a_valid_compose_with_one_trainer_per_policy(
+    recipe_path: Path, tmp_path: Path
+) -> None:
     recipe = load_recipe(recipe_path)
     rel = recipe_path.relative_to(REPO).as_posix()
     written = tmp_path / "deploy" / f"docker-compose.{recipe.name}.yml"
@@ -118,7 +134,9 @@ def test_every_recipe_has_a_valid_compose_with_one_trainer_per_policy(recipe_pat
     services = resolved(written)["services"]
     parsed = check_services(services)
     trainers = {name: p for name, p in parsed.items() if p["_command"] == "trainer"}
-    assert {name: p["policy"] for name, p in trainers.items()} == {f"trainer-{p}": p for p in recipe.policy_names}
+    assert {name: p["policy"] for name, p in trainers.items()} == {
+        f"trainer-{p}": p for p in recipe.policy_names
+    }
     assert {p["_command"] for p in parsed.values()} == {"apply", "streams", "trainer", "worker", "feed"}
     for name, p in parsed.items():  # every component runs this recipe, from the image's copy
         assert p["recipe"] == Path(rel), name
@@ -150,9 +168,15 @@ def test_compose_refuses_what_it_cannot_build(tmp_path: Path) -> None:
 
 def test_compose_moves_build_contexts_to_where_the_file_is_written() -> None:
     recipe = load_recipe(REPO / "recipes" / "solve_and_verify.yaml")
-    base = {"services": {"trainer": {"build": {"context": "app", "args": {"X": "1"}},
-                                     "command": ["astraflow", "trainer", "--policy", "p"]},
-                         "feeder": {"build": ".", "command": ["astraflow", "feed"]}}}
+    base = {
+        "services": {
+            "trainer": {
+                "build": {"context": "app", "args": {"X": "1"}},
+                "command": ["astraflow", "trainer", "--policy", "p"],
+            },
+            "feeder": {"build": ".", "command": ["astraflow", "feed"]},
+        }
+    }
     out = compose_for(base, recipe, "recipes/solve_and_verify.yaml", "..")
     assert out["services"]["trainer-verifier"]["build"] == {"context": "../app", "args": {"X": "1"}}
     assert out["services"]["feeder"]["build"] == ".."
@@ -171,6 +195,9 @@ def test_compose_cli_writes_beside_the_base(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["compose", "--recipe", str(recipe), "--base", str(base)])
     assert result.exit_code == 0, result.output
     written = yaml.safe_load((tmp_path / "docker-compose.referential_game.yml").read_text())
-    assert [n for n in written["services"] if n.startswith("trainer")] == ["trainer-speaker", "trainer-listener"]
+    assert [n for n in written["services"] if n.startswith("trainer")] == [
+        "trainer-speaker",
+        "trainer-listener",
+    ]
     assert written["services"]["feeder"]["command"][-1] == "recipes/game.yaml"
     assert written["services"]["feeder"]["build"] == "."

@@ -55,7 +55,10 @@ def test_broken_recipes_are_refused_clearly(tmp_path: Path, text: str, words: st
         ("name: x\nworker: {temperature: 0}\n", "worker.temperature"),
         ("name: x\nworker: {temperature: 0}\n", "greedy"),
         ("name: x\nworker: {top_k: -1}\n", "worker.top_k"),
-        ("name: x\nworker: {top_p: 0.9}\ntrainer: {loss: {kl_coef: 0.1}}\n", "kl_coef > 0 needs worker.top_p: 1"),
+        (
+            "name: x\nworker: {top_p: 0.9}\ntrainer: {loss: {kl_coef: 0.1}}\n",
+            "kl_coef > 0 needs worker.top_p: 1",
+        ),
     ],
 )
 def test_sampling_settings_are_defined_once_and_trainable(tmp_path: Path, text: str, words: str) -> None:
@@ -78,9 +81,15 @@ def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
 
 
 def test_environment_overrides_the_recipe() -> None:
-    env = {"ASTRAFLOW_BOOTSTRAP": "b1:9093,b2:9093", "ASTRAFLOW_SECURITY_PROTOCOL": "SASL_SSL",
-           "ASTRAFLOW_SASL_USERNAME": "eu-worker", "ASTRAFLOW_SASL_PASSWORD": "s3cret",
-           "ASTRAFLOW_SSL_CA_LOCATION": "/etc/ca.pem", "ASTRAFLOW_REGION": "eu-west", "ASTRAFLOW_NAMESPACE": "run7"}
+    env = {
+        "ASTRAFLOW_BOOTSTRAP": "b1:9093,b2:9093",
+        "ASTRAFLOW_SECURITY_PROTOCOL": "SASL_SSL",
+        "ASTRAFLOW_SASL_USERNAME": "eu-worker",
+        "ASTRAFLOW_SASL_PASSWORD": "s3cret",
+        "ASTRAFLOW_SSL_CA_LOCATION": "/etc/ca.pem",
+        "ASTRAFLOW_REGION": "eu-west",
+        "ASTRAFLOW_NAMESPACE": "run7",
+    }
     s = KafkaSettings.from_env({"bootstrap": "local:9092", "region": "us"}, environ=env)
     assert s.bootstrap == "b1:9093,b2:9093" and s.region == "eu-west"
     assert s.topic("samples.solver") == "run7.samples.solver" and s.group("workers") == "run7.workers"
@@ -117,9 +126,13 @@ def test_faust_gets_the_same_connection() -> None:
 
     import faust
 
-    s = KafkaSettings(bootstrap="b1:9093, b2:9093", security_protocol="SASL_SSL", sasl_username="u",
-                      sasl_password="p", ssl_ca_location=ssl.get_default_verify_paths().cafile
-                      or "/etc/ssl/certs/ca-certificates.crt")
+    s = KafkaSettings(
+        bootstrap="b1:9093, b2:9093",
+        security_protocol="SASL_SSL",
+        sasl_username="u",
+        sasl_password="p",
+        ssl_ca_location=ssl.get_default_verify_paths().cafile or "/etc/ssl/certs/ca-certificates.crt",
+    )
     kw = faust_settings(s)
     assert kw["broker"] == ["kafka://b1:9093", "kafka://b2:9093"]
     creds = kw["broker_credentials"]
@@ -136,7 +149,9 @@ def test_the_engine_section_is_typed_by_its_type(tmp_path: Path) -> None:
     from astraflow.config.worker import SGLangEngineConfig, TorchEngineConfig
 
     assert load_recipe(write(tmp_path, "name: x\n")).worker.engine == TorchEngineConfig()
-    torch_engine = load_recipe(write(tmp_path, "name: x\nworker: {engine: {args: {seed: 3, dtype: bfloat16}}}\n"))
+    torch_engine = load_recipe(
+        write(tmp_path, "name: x\nworker: {engine: {args: {seed: 3, dtype: bfloat16}}}\n")
+    )
     assert isinstance(torch_engine.worker.engine, TorchEngineConfig)  # `type` left out: torch
     assert (torch_engine.worker.engine.args.seed, torch_engine.worker.engine.args.dtype) == (3, "bfloat16")
     text = "name: x\nworker: {engine: {type: sglang, args: {urls: {policy: 'http://h:1'}, timeout_s: 5}}}\n"
@@ -151,7 +166,10 @@ def test_the_engine_section_is_typed_by_its_type(tmp_path: Path) -> None:
         ("{type: vllm}", "worker.engine: unknown type 'vllm'; known: torch, sglang"),
         ("torch", "worker.engine: expected a mapping with a `type`"),
         ("{type: torch, args: {devise: cuda}}", "unknown key 'worker.engine.torch.args.devise'"),
-        ("{type: torch, args: {url: 'http://h:1'}}", "unknown key 'worker.engine.torch.args.url'"),  # sglang's
+        (
+            "{type: torch, args: {url: 'http://h:1'}}",
+            "unknown key 'worker.engine.torch.args.url'",
+        ),  # sglang's
         ("{type: sglang, args: {max_batch: 8}}", "unknown key 'worker.engine.sglang.args.max_batch'"),
         ("{type: torch, args: {dtype: float8}}", "worker.engine.torch.args.dtype"),
         ("{type: sglang, args: {timeout_s: 0}}", "worker.engine.sglang.args.timeout_s"),

@@ -172,7 +172,13 @@ def test_read_to_end_passes_offsets_that_hold_no_message(kafka: KafkaSettings, t
     from astraflow.kafka import producer_config
 
     topics(["solver"])
-    producer = Producer({**producer_config(kafka), "transactional.id": f"t-{kafka.namespace}", "transaction.timeout.ms": 300_000})
+    producer = Producer(
+        {
+            **producer_config(kafka),
+            "transactional.id": f"t-{kafka.namespace}",
+            "transaction.timeout.ms": 300_000,
+        }
+    )
     producer.init_transactions(30)
     producer.begin_transaction()
     record = seed_records()[0]
@@ -208,7 +214,9 @@ def test_wait_for_topics_names_the_missing_ones_after_its_timeout(kafka: KafkaSe
     from astraflow.kafka import wait_for_topics
 
     topics()
-    with pytest.raises(ConfigError, match=rf"missing topic\(s\) {kafka.topic('nope')} after 1s.*topics apply"):
+    with pytest.raises(
+        ConfigError, match=rf"missing topic\(s\) {kafka.topic('nope')} after 1s.*topics apply"
+    ):
         wait_for_topics(kafka, ["tasks", "nope"], timeout_s=1.0)
 
 

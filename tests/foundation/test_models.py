@@ -21,7 +21,9 @@ TEXTS = [BASE_ALPHABET, "a b", " x", "x\n\ny", "  ", "G8:>", "def f(x):\n    ret
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
-def test_checkpoint_loads_with_plain_transformers_and_tokenizes_identically(arch: str, tmp_path: Path) -> None:
+def test_checkpoint_loads_with_plain_transformers_and_tokenizes_identically(
+    arch: str, tmp_path: Path
+) -> None:
     path = init_checkpoint(ModelSpec(architecture=arch, **TINY), tmp_path / "ck")
     ours = build_tokenizer()
     for tok in (AutoTokenizer.from_pretrained(path), PreTrainedTokenizerFast.from_pretrained(path)):
@@ -65,8 +67,12 @@ def test_a_recipes_own_alphabet_is_the_whole_vocabulary(tmp_path: Path) -> None:
 def test_same_spec_same_weights_and_seed_matters() -> None:
     a, b = build_model(ModelSpec(**TINY)), build_model(ModelSpec(**TINY))
     c = build_model(ModelSpec(seed=1, **TINY))
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
-    assert not all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), c.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True)
+    )
+    assert not all(
+        torch.equal(x, y) for x, y in zip(a.state_dict().values(), c.state_dict().values(), strict=True)
+    )
 
 
 def _init(path: str) -> str:
@@ -95,10 +101,26 @@ def test_initialisation_under_torchrun(tmp_path: Path) -> None:
         "os.write(1, f'rank {dist.get_rank()} ok\\n'.encode())\n"
         "dist.destroy_process_group()\n"
     )
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script),
-                             str(tmp_path / "ck")], capture_output=True, text=True, timeout=300,
-                            env=subprocess_env(), cwd=REPO)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            str(script),
+            str(tmp_path / "ck"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=subprocess_env(),
+        cwd=REPO,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     # one write(2) per rank, which a pipe keeps whole: print makes two (the text, then its end),
     # and CI saw 'rank 1 okrank 0 ok' and 'rank 1 rankok 0 ok' from the two ranks' interleaved pieces
-    assert sorted(line for line in result.stdout.splitlines() if line.endswith(" ok")) == ["rank 0 ok", "rank 1 ok"]
+    assert sorted(line for line in result.stdout.splitlines() if line.endswith(" ok")) == [
+        "rank 0 ok",
+        "rank 1 ok",
+    ]

@@ -30,9 +30,19 @@ from tests.foundation.strategies import ALL
 
 def make_traj(**over: object) -> Trajectory:
     base: dict = dict(
-        traj_id=traj_id("t1", 0, 0), group_id=group_id("t1", 0), task_id="t1", env="arithmetic",
-        policies=["solver"], tokens=[5, 6, 7, 8], owner=[-1, -1, 0, 0], logprobs=[0.0, 0.0, -0.5, -1.5],
-        versions=[-1, -1, 3, 4], rewards={"solver": 1.0}, group_size=4, sample_index=0, created_at=1.7e9,
+        traj_id=traj_id("t1", 0, 0),
+        group_id=group_id("t1", 0),
+        task_id="t1",
+        env="arithmetic",
+        policies=["solver"],
+        tokens=[5, 6, 7, 8],
+        owner=[-1, -1, 0, 0],
+        logprobs=[0.0, 0.0, -0.5, -1.5],
+        versions=[-1, -1, 3, 4],
+        rewards={"solver": 1.0},
+        group_size=4,
+        sample_index=0,
+        created_at=1.7e9,
     )
     base.update(over)
     return Trajectory(**base)  # type: ignore[arg-type]
@@ -181,17 +191,49 @@ def seed_records() -> list[Record]:
 
     return [
         make_traj(),
-        make_traj(policies=["a", "b"], owner=[-1, 0, 1, 1], versions=[-1, 2, 3, 4], rewards={"a": 0.5, "b": -1.0}, error="boom"),
+        make_traj(
+            policies=["a", "b"],
+            owner=[-1, 0, 1, 1],
+            versions=[-1, 2, 3, 4],
+            rewards={"a": 0.5, "b": -1.0},
+            error="boom",
+        ),
         Task(task_id="t1", env="arithmetic", roles={"agent": "solver"}, prompt="3+4=", payload={"answer": 7}),
-        Sample(policy="solver", traj_id="t#0#1", group_id="t#0", task_id="t", env="e", tokens=[1, 2, 3],
-               loss_mask=[0, 1, 1], logprobs=[0, -1, -2], versions=[-1, 2, 2], advantages=[0, 0.5, 0.5]),
-        WeightVersion(policy="solver", version=5, snapshot_version=4, snapshot_uri="file:///w/4",
-                      snapshot_sha256="a" * 64, delta_uri="file:///w/5.delta", delta_base=4, delta_sha256="b" * 64,
-                      delta_bytes=100, changed_fraction=0.01),
+        Sample(
+            policy="solver",
+            traj_id="t#0#1",
+            group_id="t#0",
+            task_id="t",
+            env="e",
+            tokens=[1, 2, 3],
+            loss_mask=[0, 1, 1],
+            logprobs=[0, -1, -2],
+            versions=[-1, 2, 2],
+            advantages=[0, 0.5, 0.5],
+        ),
+        WeightVersion(
+            policy="solver",
+            version=5,
+            snapshot_version=4,
+            snapshot_uri="file:///w/4",
+            snapshot_sha256="a" * 64,
+            delta_uri="file:///w/5.delta",
+            delta_base=4,
+            delta_sha256="b" * 64,
+            delta_bytes=100,
+            changed_fraction=0.01,
+        ),
         TaskStats(task_id="t1", env="arithmetic", groups=3, samples=24, mean_reward=0.5, success_rate=0.5),
         Metric(component="worker", id="w1", values={"tokens_per_s": 100.0}),
-        DeadLetter(source_topic="trajectories", partition=1, offset=7, error="bad", component="streams",
-                   raw=b"\x00\x01", key=b"k"),
+        DeadLetter(
+            source_topic="trajectories",
+            partition=1,
+            offset=7,
+            error="bad",
+            component="streams",
+            raw=b"\x00\x01",
+            key=b"k",
+        ),
     ]
 
 
@@ -211,7 +253,7 @@ def _mutations(rng: random.Random, seeds: list[bytes], n: int) -> list[bytes]:
                 if op == 0:
                     data[pos] = rng.randrange(256)  # flip a byte
                 elif op == 1:
-                    del data[pos: pos + rng.randint(1, 16)]  # truncate a span
+                    del data[pos : pos + rng.randint(1, 16)]  # truncate a span
                 elif op == 2:
                     data[pos:pos] = rng.randbytes(rng.randint(1, 16))  # insert noise
                 else:
@@ -259,9 +301,28 @@ def _packed(values: list, code: int, dtype: str) -> msgpack.ExtType:
 #: A value of every wire type, for every field: the byte-level fuzz above rarely builds a map with
 #: a well-formed value of the wrong type where a field belongs.
 EVERY_TYPE: list = [
-    None, True, 0, -1, 2**64 - 1, -(2**63), 1.5, float("nan"), float("inf"), "", "x" * 300, b"\x00", [], [1, "a"],
-    {}, {"k": 1}, {"k": float("nan")}, _packed([1, 2], 3, "int32"), _packed([-1.0], 4, "float32"),
-    _packed([], 2, "uint8"), msgpack.ExtType(7, b"?"), msgpack.Timestamp(0),
+    None,
+    True,
+    0,
+    -1,
+    2**64 - 1,
+    -(2**63),
+    1.5,
+    float("nan"),
+    float("inf"),
+    "",
+    "x" * 300,
+    b"\x00",
+    [],
+    [1, "a"],
+    {},
+    {"k": 1},
+    {"k": float("nan")},
+    _packed([1, 2], 3, "int32"),
+    _packed([-1.0], 4, "float32"),
+    _packed([], 2, "uint8"),
+    msgpack.ExtType(7, b"?"),
+    msgpack.Timestamp(0),
 ]
 
 
@@ -287,15 +348,18 @@ def test_every_field_of_every_type_decodes_or_raises_only_record_error() -> None
 
 
 @pytest.mark.parametrize("n", [1, 5, 64, 65, 500])  # short arrays are checked in Python, long ones in numpy
-@pytest.mark.parametrize(("kind", "bad", "words"), [
-    (Array("float32", finite=True, max=0.0), float("nan"), "must be finite, element {i} is nan"),
-    (Array("float32", finite=True, max=0.0), float("-inf"), "must be finite, element {i} is -inf"),
-    (Array("float32", finite=True, max=0.0), 0.25, "element {i} is 0.25, above the maximum 0.0"),
-    (Array("float32", finite=True), float("inf"), "must be finite, element {i} is inf"),
-    (Array("int32", min=0), -3, "element {i} is -3, below the minimum 0"),
-    (Array("uint8", min=0, max=1), 2, "element {i} is 2, above the maximum 1"),
-    (Array("int8", min=-1), -2, "element {i} is -2, below the minimum -1"),
-])
+@pytest.mark.parametrize(
+    ("kind", "bad", "words"),
+    [
+        (Array("float32", finite=True, max=0.0), float("nan"), "must be finite, element {i} is nan"),
+        (Array("float32", finite=True, max=0.0), float("-inf"), "must be finite, element {i} is -inf"),
+        (Array("float32", finite=True, max=0.0), 0.25, "element {i} is 0.25, above the maximum 0.0"),
+        (Array("float32", finite=True), float("inf"), "must be finite, element {i} is inf"),
+        (Array("int32", min=0), -3, "element {i} is -3, below the minimum 0"),
+        (Array("uint8", min=0, max=1), 2, "element {i} is 2, above the maximum 1"),
+        (Array("int8", min=-1), -2, "element {i} is -2, below the minimum -1"),
+    ],
+)
 def test_a_bad_element_is_found_wherever_it_is(n: int, kind: Array, bad: float, words: str) -> None:
     for i in sorted({0, n // 2, n - 1}):
         values = np.zeros(n, dtype=kind.dtype)
@@ -311,15 +375,29 @@ def test_sample_batches_are_per_group_and_policy_and_split_at_the_byte_limit() -
     from astraflow.records import SampleBatch, sample_batches, samples_of
 
     def sample(gid: str, policy: str, i: int) -> Sample:
-        return Sample(policy=policy, traj_id=f"{gid}#{i}", group_id=gid, task_id="t", env="arith",
-                      tokens=np.arange(40, dtype=np.int32), loss_mask=np.ones(40, np.uint8),
-                      logprobs=np.full(40, -0.5, np.float32), versions=np.zeros(40, np.int32),
-                      advantages=np.ones(40, np.float32), group_size=3, group_samples=3)
+        return Sample(
+            policy=policy,
+            traj_id=f"{gid}#{i}",
+            group_id=gid,
+            task_id="t",
+            env="arith",
+            tokens=np.arange(40, dtype=np.int32),
+            loss_mask=np.ones(40, np.uint8),
+            logprobs=np.full(40, -0.5, np.float32),
+            versions=np.zeros(40, np.int32),
+            advantages=np.ones(40, np.float32),
+            group_size=3,
+            group_samples=3,
+        )
 
     samples = [sample(g, p, i) for g in ("a#0", "b#0") for p in ("solver", "verifier") for i in range(3)]
     out = sample_batches(samples, 1 << 20)
     assert [(b.group_id, b.policy, len(b.items)) for b in out] == [
-        ("a#0", "solver", 3), ("a#0", "verifier", 3), ("b#0", "solver", 3), ("b#0", "verifier", 3)]
+        ("a#0", "solver", 3),
+        ("a#0", "verifier", 3),
+        ("b#0", "solver", 3),
+        ("b#0", "verifier", 3),
+    ]
     size = len(encode(samples[0]))
     split = sample_batches(samples[:3], 2 * size)  # room for two a record
     assert [len(b.items) for b in split] == [2, 1]

@@ -79,7 +79,9 @@ def errors_of(conf: dict[str, Any], quiet: _Quiet | None = None) -> tuple[dict[s
     return {**conf, "error_cb": seen.append, "logger": quiet or _Quiet(), "socket.timeout.ms": 3000}, seen
 
 
-def test_credentials_and_keys_are_private_and_the_listener_is_sasl_ssl_only(secured: launcher.BrokerState) -> None:
+def test_credentials_and_keys_are_private_and_the_listener_is_sasl_ssl_only(
+    secured: launcher.BrokerState,
+) -> None:
     sdir = Path(secured.data_dir) / "secure"
     for name in ("credentials.json", "ca.key", "broker.pem"):
         assert stat.S_IMODE((sdir / name).stat().st_mode) == 0o600, name
@@ -103,8 +105,10 @@ def test_a_client_without_credentials_is_refused(secured: launcher.BrokerState) 
 
     # no TLS at all: the TLS listener hangs up on the first request; TLS with the right CA but no
     # SASL: the handshake succeeds and the broker hangs up on the first unauthenticated request
-    for proto, why in (("PLAINTEXT", "connection closed by peer: receive 0 after POLLIN (after"),
-                       ("SSL", "SSL connection closed by peer")):
+    for proto, why in (
+        ("PLAINTEXT", "connection closed by peer: receive 0 after POLLIN (after"),
+        ("SSL", "SSL connection closed by peer"),
+    ):
         conf = {"bootstrap.servers": secured.bootstrap, "security.protocol": proto}
         if proto == "SSL":
             conf["ssl.ca.location"] = secure.credentials(Path(secured.data_dir), "admin").ca_location
@@ -147,9 +151,14 @@ def test_the_acl_plan_is_least_privilege() -> None:
     assert {x[0] for x in by if x[2] == "ns.tasks" and x[3] == "WRITE"} == {"feeder"}
     # prefixed grants only where names carry a random suffix or belong to Faust
     prefixed = sorted((g.principal, g.name) for g in grants if g.pattern == "PREFIXED")
-    assert prefixed == [("feeder", "ns.feeder-reader-"), ("streams", "ns.streams-"),
-                        ("streams", "ns.streams-readback-"), ("trainer", "ns.trainer.a.lockstep."),
-                        ("trainer", "ns.trainer.b.lockstep."), ("worker", "ns.weights-reader-")]
+    assert prefixed == [
+        ("feeder", "ns.feeder-reader-"),
+        ("streams", "ns.streams-"),
+        ("streams", "ns.streams-readback-"),
+        ("trainer", "ns.trainer.a.lockstep."),
+        ("trainer", "ns.trainer.b.lockstep."),
+        ("worker", "ns.weights-reader-"),
+    ]
     assert all(g.name.startswith("ns.") for g in grants)  # nothing outside the namespace
     assert "ALL" not in {g.operation for g in grants if g.principal != "streams"}
 
@@ -167,7 +176,9 @@ def _produce(settings: KafkaSettings, topic: str) -> Any:
     return result[0] if result else "no delivery report"
 
 
-def test_a_principal_may_write_its_own_topics_but_not_others(secured: launcher.BrokerState, namespace: str) -> None:
+def test_a_principal_may_write_its_own_topics_but_not_others(
+    secured: launcher.BrokerState, namespace: str
+) -> None:
     from confluent_kafka import KafkaError
 
     worker = settings_of(secured, "worker", namespace)
@@ -197,7 +208,8 @@ def _consume_error(settings: KafkaSettings, group: str, topic: str) -> str | Non
 
 
 def test_a_principal_may_not_read_a_topic_or_join_a_group_it_was_not_granted(
-        secured: launcher.BrokerState, namespace: str) -> None:
+    secured: launcher.BrokerState, namespace: str
+) -> None:
     from confluent_kafka import KafkaError
 
     worker = settings_of(secured, "worker", namespace)
@@ -213,12 +225,15 @@ def test_a_principal_may_not_read_a_topic_or_join_a_group_it_was_not_granted(
 
 
 def test_a_reader_denied_by_an_acl_raises_at_once_naming_the_topic(
-        secured: launcher.BrokerState, namespace: str) -> None:
+    secured: launcher.BrokerState, namespace: str
+) -> None:
     """A trainer-style reader (partitions assigned, no group join) of a topic its principal may
     not read stops with the refusal instead of polling nothing for ever."""
     worker = settings_of(secured, "worker", namespace)
     conf, _ = errors_of({})
-    with pytest.raises(KafkaReadError, match=rf"{worker.topic('samples.solver')}: .*TOPIC_AUTHORIZATION_FAILED"):
+    with pytest.raises(
+        KafkaReadError, match=rf"{worker.topic('samples.solver')}: .*TOPIC_AUTHORIZATION_FAILED"
+    ):
         TopicReader(worker, ["samples.solver"], from_beginning=True, **conf).close()
     with TopicReader(worker, ["weights"], from_beginning=True, **conf) as granted:  # its own: no error
         assert granted.ends
@@ -228,13 +243,33 @@ def test_broker_grant_gives_hand_started_components_their_acls(secured: launcher
     from confluent_kafka import KafkaError
 
     ns = f"g{uuid.uuid4().hex[:8]}"
-    result = subprocess.run([sys.executable, "-m", "astraflow.cli", "broker", "grant", "--recipe",
-                             str(REPO / "recipes" / "arithmetic.yaml"), "--data-dir", secured.data_dir],
-                            env=subprocess_env(ASTRAFLOW_NAMESPACE=ns), capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "astraflow.cli",
+            "broker",
+            "grant",
+            "--recipe",
+            str(REPO / "recipes" / "arithmetic.yaml"),
+            "--data-dir",
+            secured.data_dir,
+        ],
+        env=subprocess_env(ASTRAFLOW_NAMESPACE=ns),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert int(result.stdout.strip()) == len(acls.plan(KafkaSettings(bootstrap="x:1", namespace=ns), ["solver"]))
-    assert not any(p in result.stdout + result.stderr for p in json.loads(  # where they are, never the passwords
-        (Path(secured.data_dir) / "secure" / "credentials.json").read_text())["passwords"].values())
+    assert int(result.stdout.strip()) == len(
+        acls.plan(KafkaSettings(bootstrap="x:1", namespace=ns), ["solver"])
+    )
+    assert not any(
+        p in result.stdout + result.stderr
+        for p in json.loads(  # where they are, never the passwords
+            (Path(secured.data_dir) / "secure" / "credentials.json").read_text()
+        )["passwords"].values()
+    )
     worker = settings_of(secured, "worker", ns)
     assert _produce(worker, "trajectories") is None
     err = _produce(worker, "tasks")  # only the feeder writes tasks
@@ -259,8 +294,15 @@ def _forge_weights(run_dir: Path) -> None:
     state = launcher.BrokerState.load(run_dir / "broker")
     assert state is not None and state.secure
     settings = settings_of(state, "trainer")
-    forged = WeightVersion(policy="solver", version=999, step=999, snapshot_version=999,
-                           snapshot_uri="file:///dev/null", snapshot_sha256="0" * 64, groups_consumed=10**6)
+    forged = WeightVersion(
+        policy="solver",
+        version=999,
+        step=999,
+        snapshot_version=999,
+        snapshot_uri="file:///dev/null",
+        snapshot_sha256="0" * 64,
+        groups_consumed=10**6,
+    )
     from confluent_kafka import Producer
 
     producer = Producer(client_config(settings))
@@ -269,10 +311,18 @@ def _forge_weights(run_dir: Path) -> None:
 
 
 @pytest.mark.e2e
-def test_a_recipe_trains_end_to_end_on_the_secured_broker_with_one_principal_per_component(tmp_path: Path) -> None:
+def test_a_recipe_trains_end_to_end_on_the_secured_broker_with_one_principal_per_component(
+    tmp_path: Path,
+) -> None:
     # weights over HTTPS: the worker fetches them from the trainer's server with the run's token and CA
-    recipe = recipe_copy("arithmetic", tmp_path, model=TINY, worker={"count": 1},
-                         trainer={"batch_groups": 2, "serve_http": True}, run={"max_steps": None})
+    recipe = recipe_copy(
+        "arithmetic",
+        tmp_path,
+        model=TINY,
+        worker={"count": 1},
+        trainer={"batch_groups": 2, "serve_http": True},
+        run={"max_steps": None},
+    )
     run_dir = tmp_path / "run"
     # no step limit: every component is alive while its environment is read and the forged event sent
     # (with --max-steps 6 the trainer could finish and exit first: CI saw it once, after the runs' start
@@ -287,16 +337,27 @@ def test_a_recipe_trains_end_to_end_on_the_secured_broker_with_one_principal_per
         for kind in ("trainer", "streams", "worker", "feed"):
             if f"astraflow.cli {kind} " in cmd or f"astraflow {kind} " in cmd:
                 users[kind] = (env.get("ASTRAFLOW_SASL_USERNAME"), env.get("ASTRAFLOW_SECURITY_PROTOCOL"))
-    assert users == {"trainer": ("trainer", "SASL_SSL"), "streams": ("streams", "SASL_SSL"),
-                     "worker": ("worker", "SASL_SSL"), "feed": ("feeder", "SASL_SSL")}, users
-    tokens = {kind: _environ(pid).get("ASTRAFLOW_WEIGHTS_TOKEN") for pid, cmd in processes_of(run_dir)
-              for kind in ("trainer", "worker", "feed", "streams") if f"astraflow.cli {kind} " in cmd}
+    assert users == {
+        "trainer": ("trainer", "SASL_SSL"),
+        "streams": ("streams", "SASL_SSL"),
+        "worker": ("worker", "SASL_SSL"),
+        "feed": ("feeder", "SASL_SSL"),
+    }, users
+    tokens = {
+        kind: _environ(pid).get("ASTRAFLOW_WEIGHTS_TOKEN")
+        for pid, cmd in processes_of(run_dir)
+        for kind in ("trainer", "worker", "feed", "streams")
+        if f"astraflow.cli {kind} " in cmd
+    }
     assert tokens["trainer"] and tokens["trainer"] == tokens["worker"], tokens
     assert tokens["feed"] is None and tokens["streams"] is None, tokens
     # a forged WeightVersion, even from a principal allowed to write `weights`, is dead-lettered
     _forge_weights(run_dir)
-    wait_for(lambda: "mac: missing" in (run_dir / "logs" / "worker-0.log").read_text()
-             or proc.poll() is not None, 120, "the worker to dead-letter the forged event")
+    wait_for(
+        lambda: "mac: missing" in (run_dir / "logs" / "worker-0.log").read_text() or proc.poll() is not None,
+        120,
+        "the worker to dead-letter the forged event",
+    )
     state = launcher.BrokerState.load(run_dir / "broker")
     assert state is not None
     events = [e for _, e in read_to_end(settings_of(state, "admin"), "weights")]
@@ -319,11 +380,19 @@ def test_a_recipe_trains_end_to_end_on_the_secured_broker_with_one_principal_per
     last = [r["values"] for r in rows if r["component"] == "worker"][-1]
     assert last["worker.weights_applied"] >= 1, last
     assert "HTTP 401" not in (run_dir / "logs" / "worker-0.log").read_text()
-    assert max(r["values"].get("worker.weight_version.solver", 0) for r in rows if r["component"] == "worker") < 999
+    assert (
+        max(r["values"].get("worker.weight_version.solver", 0) for r in rows if r["component"] == "worker")
+        < 999
+    )
     for log_name in ("worker-0.log", "feeder.log"):
-        assert "dead-lettered" in (text := (run_dir / "logs" / log_name).read_text()) and "mac: missing" in text, log_name
-    denied = [line for line in (run_dir / "broker" / "logs" / "kafka.log").read_text().splitlines()
-              if "is Denied operation" in line]
+        assert (
+            "dead-lettered" in (text := (run_dir / "logs" / log_name).read_text()) and "mac: missing" in text
+        ), log_name
+    denied = [
+        line
+        for line in (run_dir / "broker" / "logs" / "kafka.log").read_text().splitlines()
+        if "is Denied operation" in line
+    ]
     assert denied == [], denied[:5]
     # the directory resumes secured only: its broker, users, ACLs and run secrets are kept
     plain = start_run(recipe, run_dir, subprocess_env(), "--max-steps", str(trained + 2))

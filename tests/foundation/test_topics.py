@@ -12,7 +12,15 @@ from astraflow.config import KafkaSettings
 from astraflow.errors import ConfigError
 from astraflow.kafka import make_admin
 
-DESIGN_TOPICS = {"tasks", "trajectories", "samples.{policy}", "weights", "task-stats", "metrics", "deadletter"}
+DESIGN_TOPICS = {
+    "tasks",
+    "trajectories",
+    "samples.{policy}",
+    "weights",
+    "task-stats",
+    "metrics",
+    "deadletter",
+}
 
 
 def test_spec_has_every_topic_of_the_design() -> None:
@@ -39,11 +47,15 @@ def test_templates_need_policies() -> None:
         topics.expand(topics.load_spec(), None)
 
 
-def test_the_replicated_profile_puts_every_topic_on_3_brokers_with_2_in_sync(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_replicated_profile_puts_every_topic_on_3_brokers_with_2_in_sync(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.delenv("ASTRAFLOW_TOPICS_PROFILE", raising=False)
     spec = topics.load_spec()
     plain = topics.expand(spec, ["p"])
-    assert {s.replication for s in plain} == {1} and all("min.insync.replicas" not in s.configs for s in plain)
+    assert {s.replication for s in plain} == {1} and all(
+        "min.insync.replicas" not in s.configs for s in plain
+    )
     replicated = topics.expand(spec, ["p"], profile="replicated")
     assert [s.name for s in replicated] == [s.name for s in plain]
     for before, after in zip(plain, replicated, strict=True):
@@ -55,9 +67,13 @@ def test_the_replicated_profile_puts_every_topic_on_3_brokers_with_2_in_sync(mon
 
 
 def test_profile_errors_name_the_problem(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="unknown topic profile 'replicatd'; topics.yaml defines: replicated"):
+    with pytest.raises(
+        ConfigError, match="unknown topic profile 'replicatd'; topics.yaml defines: replicated"
+    ):
         topics.expand(topics.load_spec(), ["p"], profile="replicatd")
-    bad = spec_file(tmp_path, lambda d: d["profiles"].update(odd={"replication": 2, "min_insync_replicas": 3}))
+    bad = spec_file(
+        tmp_path, lambda d: d["profiles"].update(odd={"replication": 2, "min_insync_replicas": 3})
+    )
     with pytest.raises(ConfigError, match="min_insync_replicas 3 exceeds its replication 2"):
         topics.expand(topics.load_spec(bad), ["p"], profile="odd")
     typo = spec_file(tmp_path, lambda d: d["profiles"]["replicated"].update(min_isr=2))
@@ -112,6 +128,7 @@ def test_apply_creates_grows_converges_and_is_idempotent(kafka: KafkaSettings, t
         d["topics"]["tasks"]["partitions"] = 12
         d["topics"]["metrics"]["retention_ms"] = 3_600_000
         d["topics"]["trajectories"]["partitions"] = 2  # fewer than exist: cannot shrink, warn
+
     changed = topics.expand(topics.load_spec(spec_file(tmp_path, grow)), ["a", "b"], kafka)
     report = topics.apply(admin, changed)
     assert report.grown == [(kafka.topic("tasks"), 8, 12)]

@@ -9,8 +9,17 @@ import pytest
 from astraflow.records import RecordError, WeightVersion, decode, encode
 from astraflow.weights import auth
 
-EVENT = WeightVersion(policy="solver", version=3, step=3, snapshot_version=3, snapshot_uri="file:///w/solver/3",
-                      snapshot_sha256="a" * 64, snapshot_bytes=10, created_at=1.0, groups_consumed=6)
+EVENT = WeightVersion(
+    policy="solver",
+    version=3,
+    step=3,
+    snapshot_version=3,
+    snapshot_uri="file:///w/solver/3",
+    snapshot_sha256="a" * 64,
+    snapshot_bytes=10,
+    created_at=1.0,
+    groups_consumed=6,
+)
 
 
 def test_a_signed_event_survives_the_wire_and_verifies() -> None:
@@ -22,8 +31,16 @@ def test_a_signed_event_survives_the_wire_and_verifies() -> None:
     assert auth.sign(EVENT, "k1").mac == signed.mac
 
 
-@pytest.mark.parametrize("change", [{"snapshot_uri": "file:///evil"}, {"snapshot_sha256": "b" * 64},
-                                    {"version": 4}, {"groups_consumed": 10_000}, {"policy": "other"}])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"snapshot_uri": "file:///evil"},
+        {"snapshot_sha256": "b" * 64},
+        {"version": 4},
+        {"groups_consumed": 10_000},
+        {"policy": "other"},
+    ],
+)
 def test_an_altered_field_fails_the_check(change: dict[str, object]) -> None:
     forged = dataclasses.replace(auth.sign(EVENT, "k1"), **change)
     with pytest.raises(RecordError, match="mac: does not match"):

@@ -17,8 +17,13 @@ from tests.foundation.test_compose import resolved
 
 
 def tracked_yaml() -> list[Path]:
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.yml", "*.yaml"],
-                         cwd=REPO, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.yml", "*.yaml"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return sorted(REPO / line for line in out.splitlines() if line and (REPO / line).exists())
 
 

@@ -43,13 +43,30 @@ class StreamsHarness:
 
     # ------------------------------------------------------------ workers
 
-    def start(self, *, extra_env: dict[str, str] | None = None, wait: bool = True, timeout: float = 120.0) -> Worker:
+    def start(
+        self, *, extra_env: dict[str, str] | None = None, wait: bool = True, timeout: float = 120.0
+    ) -> Worker:
         log = self.root / f"worker{len(self.workers)}.log"
         env = subprocess_env(**(extra_env or {}))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "astraflow.cli", "streams", "-r", str(self.recipe),
-             "--data-dir", str(self.root / "faust"), "-l", "info", "--instance-id", f"w{len(self.workers)}"],
-            stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=str(self.root),
+            [
+                sys.executable,
+                "-m",
+                "astraflow.cli",
+                "streams",
+                "-r",
+                str(self.recipe),
+                "--data-dir",
+                str(self.root / "faust"),
+                "-l",
+                "info",
+                "--instance-id",
+                f"w{len(self.workers)}",
+            ],
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=str(self.root),
         )
         worker = Worker(proc, log)
         self.workers.append(worker)
@@ -96,7 +113,9 @@ class StreamsHarness:
 
         return Producer(producer_config(self.kafka))
 
-    def send(self, items: list[tuple[bytes | None, bytes | Record]], topic: str = "trajectories") -> list[tuple[int, int]]:
+    def send(
+        self, items: list[tuple[bytes | None, bytes | Record]], topic: str = "trajectories"
+    ) -> list[tuple[int, int]]:
         """Produce (key, value) pairs in order; returns their (partition, offset)."""
         producer = self.producer()
         where: dict[int, tuple[int, int]] = {}
@@ -108,6 +127,7 @@ class StreamsHarness:
                     errors.append(str(err))
                 else:
                     where[i] = (msg.partition(), msg.offset())
+
             return cb
 
         for i, (key, value) in enumerate(items):
@@ -118,16 +138,20 @@ class StreamsHarness:
         assert not errors, errors
         return [where[i] for i in range(len(items))]
 
-    def read(self, topic: str, *, expect: int | None = None, timeout: float = 60.0, settle: float = 3.0) -> list[Any]:
+    def read(
+        self, topic: str, *, expect: int | None = None, timeout: float = 60.0, settle: float = 3.0
+    ) -> list[Any]:
         """All records of a topic (base name): read until `expect` are there (or `timeout`), then
         `settle` more seconds with nothing new, so extra records (duplicates) are seen too."""
         until = None if expect is None else (lambda m: len(m) >= expect)
         return read_messages(self.kafka, topic, until=until, timeout=timeout, settle=settle)
 
-    def records(self, topic: str, *, expect: int | None = None, timeout: float = 60.0,
-                settle: float = 3.0) -> list[Any]:
+    def records(
+        self, topic: str, *, expect: int | None = None, timeout: float = 60.0, settle: float = 3.0
+    ) -> list[Any]:
         """The decoded records of a topic, a SampleBatch's Samples opened (streams sends a group's
         Samples for a policy as one record); `expect` counts them opened."""
+
         def opened(msgs: list[Any]) -> list[Any]:
             out: list[Any] = []
             for m in msgs:
@@ -152,15 +176,21 @@ class StreamsHarness:
         return values
 
 
-def write_recipe(path: Path, kafka: KafkaSettings, policies: list[str], pipeline: list[dict[str, Any]],
-                 **streams: Any) -> Path:
+def write_recipe(
+    path: Path, kafka: KafkaSettings, policies: list[str], pipeline: list[dict[str, Any]], **streams: Any
+) -> Path:
     recipe = {
         "name": "streams-test",
         "policies": [{"name": p} for p in policies],
         "max_staleness": 2,
         "kafka": {"bootstrap": kafka.bootstrap, "namespace": kafka.namespace},
-        "streams": {"pipeline": pipeline, "metrics_every_s": 1.0, "sweep_every_s": 0.5,
-                    "commit_every_s": 1.0, **streams},
+        "streams": {
+            "pipeline": pipeline,
+            "metrics_every_s": 1.0,
+            "sweep_every_s": 0.5,
+            "commit_every_s": 1.0,
+            **streams,
+        },
     }
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return path
@@ -183,4 +213,3 @@ def streams_harness(kafka: KafkaSettings, topics: Any, tmp_path: Path) -> Iterat
     yield make
     for h in made:
         h.cleanup()
-

@@ -74,7 +74,9 @@ def test_reinforce_pp_stage_scales_by_window_of_groups() -> None:
     np.testing.assert_allclose(a.advantages["policy"], [0.5 / np.sqrt(0.5), -0.5 / np.sqrt(0.5)], rtol=1e-6)
     b = stage(make_group([1.0, 1.0, 0.0, 0.0], task="t1"))
     # pooled centred rewards of both groups: three 0.5 and three -0.5, sample std sqrt(0.3)
-    np.testing.assert_allclose(b.advantages["policy"], np.array([0.5, 0.5, -0.5, -0.5]) / np.sqrt(0.3), rtol=1e-6)
+    np.testing.assert_allclose(
+        b.advantages["policy"], np.array([0.5, 0.5, -0.5, -0.5]) / np.sqrt(0.3), rtol=1e-6
+    )
     stage(make_group([1.0, 0.0, 0.0, 0.0], task="t2"))
     c = stage(make_group([1.0, 0.0], task="t3"))  # window of 2: the first group has left it
     pooled = np.array([0.75, -0.25, -0.25, -0.25, 0.5, -0.5])
@@ -82,8 +84,12 @@ def test_reinforce_pp_stage_scales_by_window_of_groups() -> None:
 
 
 def test_estimators_are_per_policy_on_multi_policy_groups() -> None:
-    rewards = [{"solver": 1.0, "verifier": 0.0}, {"solver": 0.0, "verifier": 1.0},
-               {"solver": 0.0, "verifier": 1.0}, {"solver": 0.0, "verifier": 1.0}]
+    rewards = [
+        {"solver": 1.0, "verifier": 0.0},
+        {"solver": 0.0, "verifier": 1.0},
+        {"solver": 0.0, "verifier": 1.0},
+        {"solver": 0.0, "verifier": 1.0},
+    ]
     g = make_group(rewards, policies=("solver", "verifier"))
     GRPO(eps=0.0)(g)
     np.testing.assert_allclose(g.advantages["solver"], [1.5, -0.5, -0.5, -0.5], rtol=1e-6)
@@ -93,10 +99,19 @@ def test_estimators_are_per_policy_on_multi_policy_groups() -> None:
 
 def test_members_without_a_policy_are_left_out_of_its_baseline() -> None:
     # trajectory 2 holds only solver tokens: the verifier's statistics come from 0, 1 and 3
-    trajs = [make_traj("t0", i, group_size=4, policies=("solver", "verifier"),
-                       rewards={"solver": float(i == 0), "verifier": float(i)}) for i in range(4)]
-    only_solver = make_traj("t0", 2, group_size=4, policies=("solver", "verifier"),
-                            rewards={"solver": 0.0, "verifier": 99.0})
+    trajs = [
+        make_traj(
+            "t0",
+            i,
+            group_size=4,
+            policies=("solver", "verifier"),
+            rewards={"solver": float(i == 0), "verifier": float(i)},
+        )
+        for i in range(4)
+    ]
+    only_solver = make_traj(
+        "t0", 2, group_size=4, policies=("solver", "verifier"), rewards={"solver": 0.0, "verifier": 99.0}
+    )
     only_solver.owner[only_solver.owner == 1] = 0
     trajs[2] = only_solver
     g = make_group([0.0] * 4, policies=("solver", "verifier"))
@@ -128,8 +143,9 @@ def test_reinforce_pp_moves_a_group_that_always_failed() -> None:
     stage(make_group([0.0, 0.0], task="t2"))
     won = stage(make_group([1.0, 1.0], task="t3"))  # window of 3: the first group has left it
     pooled = np.array([0.0, 0.0, 0.0, 0.0, 1.0, 1.0])
-    np.testing.assert_allclose(won.advantages["policy"], [(1.0 - pooled.mean()) / pooled.std(ddof=1)] * 2,
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        won.advantages["policy"], [(1.0 - pooled.mean()) / pooled.std(ddof=1)] * 2, rtol=1e-6
+    )
 
 
 def test_reinforce_pp_keeps_a_window_per_policy() -> None:
@@ -138,4 +154,3 @@ def test_reinforce_pp_keeps_a_window_per_policy() -> None:
     stage.estimate("a", np.array([1.0, 1.0, 1.0]))
     adv, _, _ = stage.estimate("b", np.array([1.0, 0.0]))  # a's wins are not b's baseline
     np.testing.assert_allclose(adv, [0.5 / np.sqrt(0.5), -0.5 / np.sqrt(0.5)], rtol=1e-6)
-

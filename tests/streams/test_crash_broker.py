@@ -17,16 +17,22 @@ from tests.streams.factory import make_traj
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
-PIPELINE = [{"name": "validate"}, {"name": "group", "args": {"timeout_s": 300}}, {"name": "grpo"},
-            {"name": "route"}]
+PIPELINE = [
+    {"name": "validate"},
+    {"name": "group", "args": {"timeout_s": 300}},
+    {"name": "grpo"},
+    {"name": "route"},
+]
 SIZE = 4
 
 
 def groups(first: int, n: int, interleave: bool = True) -> list:
     """n groups of SIZE trajectories, members of consecutive groups interleaved so that many
     groups are pending at any moment."""
-    trajs = [[make_traj(f"task{g}", i, group_size=SIZE, rewards=float((g + i) % 3 == 0)) for i in range(SIZE)]
-             for g in range(first, first + n)]
+    trajs = [
+        [make_traj(f"task{g}", i, group_size=SIZE, rewards=float((g + i) % 3 == 0)) for i in range(SIZE)]
+        for g in range(first, first + n)
+    ]
     if not interleave:
         return [(t.group_id.encode(), t) for grp in trajs for t in grp]
     return [(grp[i].group_id.encode(), grp[i]) for i in range(SIZE) for grp in trajs]
@@ -38,7 +44,9 @@ def assert_exactly_once(h, n_groups: int) -> list:  # type: ignore[no-untyped-de
     dups = {k: v for k, v in ids.items() if v > 1}
     assert not dups, f"duplicated Samples: {dups}"
     want = {f"task{g}#0#{i}" for g in range(n_groups) for i in range(SIZE)}
-    assert set(ids) == want, f"missing: {sorted(want - set(ids))[:10]}; unexpected: {sorted(set(ids) - want)[:10]}"
+    assert set(ids) == want, (
+        f"missing: {sorted(want - set(ids))[:10]}; unexpected: {sorted(set(ids) - want)[:10]}"
+    )
     return samples
 
 
@@ -58,15 +66,23 @@ def test_sigkill_inside_an_emission_then_restart(streams_harness) -> None:  # ty
     half = killed_group(w.text(), "mid_emit")
     # 2: recovers the interrupted groups from the read-back, then dies after the Samples of its
     #    second emission's batch are acknowledged but before its groups are marked done
-    w1 = h.start(extra_env={"ASTRAFLOW_STREAMS_FAILPOINT": "after_emit:2"}, wait=False)  # may die before "Ready"
+    w1 = h.start(
+        extra_env={"ASTRAFLOW_STREAMS_FAILPOINT": "after_emit:2"}, wait=False
+    )  # may die before "Ready"
     assert w1.proc.wait(120) == -signal.SIGKILL
     full = killed_group(w1.text(), "after_emit")
     # 3: finds that group's Samples all on the topic and sends none of them again
     w2 = h.start()
     assert_exactly_once(h, 10)
     recovered = w1.text() + w2.text()
-    assert f"group {half}: recovered an interrupted emission; 2 of 4 Samples were already on the topics" in recovered
-    assert f"group {full}: recovered an interrupted emission; 4 of 4 Samples were already on the topics" in w2.text()
+    assert (
+        f"group {half}: recovered an interrupted emission; 2 of 4 Samples were already on the topics"
+        in recovered
+    )
+    assert (
+        f"group {full}: recovered an interrupted emission; 4 of 4 Samples were already on the topics"
+        in w2.text()
+    )
     values = h.last_metrics("w2", until=lambda v: v.get("groups.recovered", 0) >= 1)
     assert values["samples.recovered"] >= SIZE  # at least that group's, which were all out already
     assert h.stop(w2) == 0
@@ -83,7 +99,7 @@ def test_random_sigkills_while_data_flows(streams_harness) -> None:  # type: ign
         for start in range(0, len(items), 16):
             if stop.is_set():
                 return
-            h.send(items[start:start + 16])
+            h.send(items[start : start + 16])
             time.sleep(0.25)
 
     w = h.start()

@@ -39,15 +39,18 @@ def test_validate_accepts_a_good_trajectory() -> None:
     assert Validate()(encode(t), b"t0#0", POLICIES) == t
 
 
-@pytest.mark.parametrize("mutate, field", [
-    (lambda b: b"\x00not msgpack", "<bytes>"),
-    (lambda b: {**b, "group_id": "other#0"}, "group_id"),
-    (lambda b: {**b, "traj_id": "t0#0#7"}, "traj_id"),
-    (lambda b: {**b, "policies": ["stranger"], "rewards": {"stranger": 1.0}}, "policies[0]"),
-    (lambda b: {**b, "rewards": {"policy": math.nan}}, "rewards.policy"),
-    (lambda b: {**b, "logprobs": b["logprobs"][:-1]}, "logprobs"),
-    (lambda b: {**b, "t": "Sample"}, "t"),
-])
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (lambda b: b"\x00not msgpack", "<bytes>"),
+        (lambda b: {**b, "group_id": "other#0"}, "group_id"),
+        (lambda b: {**b, "traj_id": "t0#0#7"}, "traj_id"),
+        (lambda b: {**b, "policies": ["stranger"], "rewards": {"stranger": 1.0}}, "policies[0]"),
+        (lambda b: {**b, "rewards": {"policy": math.nan}}, "rewards.policy"),
+        (lambda b: {**b, "logprobs": b["logprobs"][:-1]}, "logprobs"),
+        (lambda b: {**b, "t": "Sample"}, "t"),
+    ],
+)
 def test_validate_names_the_bad_field(mutate, field) -> None:  # type: ignore[no-untyped-def]
     t = make_traj("t0", 1, group_size=2)
     body = msgpack.unpackb(encode(t), raw=False)
@@ -87,22 +90,33 @@ def test_unknown_name_lists_the_known_ones() -> None:
 
 
 def test_bad_arguments_name_the_stage_and_key() -> None:
-    with pytest.raises(ConfigError, match=r"pipeline\[2\] \(grpo\): unknown argument 'epsilon'.*it takes: ddof, eps"):
+    with pytest.raises(
+        ConfigError, match=r"pipeline\[2\] \(grpo\): unknown argument 'epsilon'.*it takes: ddof, eps"
+    ):
         build_pipeline(pipeline("validate", "group", ("grpo", {"epsilon": 1}), "route"), ctx())
     with pytest.raises(ConfigError, match=r"pipeline\[1\] \(group\): bad arguments.*on_timeout"):
         build_pipeline(pipeline("validate", ("group", {"on_timeout": "explode"}), "grpo", "route"), ctx())
 
 
-@pytest.mark.parametrize("names, message", [
-    (("group", "validate", "grpo", "route"), "must start with 'validate'"),
-    (("validate", "grpo", "group", "route"), "'group' must follow 'validate'"),
-    (("validate", "group", "route", "grpo"), "must end with 'route'"),
-    (("validate", "group", "zero_variance", "route"), "no advantage estimator"),
-    (("validate", "group", "zero_variance", "zero_variance", "grpo", "route"), "'zero_variance' appears more than once"),
-    (("validate", "group", "validate", "grpo", "route"), "may appear only once"),
-    (("validate", "group", "grpo", "zero_variance", "route"), r"filter 'zero_variance' comes after the advantage"),
-    (("validate", "group", "grpo", "rloo", "route"), "a second advantage estimator 'rloo'"),
-])
+@pytest.mark.parametrize(
+    "names, message",
+    [
+        (("group", "validate", "grpo", "route"), "must start with 'validate'"),
+        (("validate", "grpo", "group", "route"), "'group' must follow 'validate'"),
+        (("validate", "group", "route", "grpo"), "must end with 'route'"),
+        (("validate", "group", "zero_variance", "route"), "no advantage estimator"),
+        (
+            ("validate", "group", "zero_variance", "zero_variance", "grpo", "route"),
+            "'zero_variance' appears more than once",
+        ),
+        (("validate", "group", "validate", "grpo", "route"), "may appear only once"),
+        (
+            ("validate", "group", "grpo", "zero_variance", "route"),
+            r"filter 'zero_variance' comes after the advantage",
+        ),
+        (("validate", "group", "grpo", "rloo", "route"), "a second advantage estimator 'rloo'"),
+    ],
+)
 def test_pipeline_order_is_checked(names, message) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ConfigError, match=message):
         build_pipeline(pipeline(*names), ctx())
@@ -119,7 +133,9 @@ def test_plugins_come_from_entry_points(monkeypatch: pytest.MonkeyPatch) -> None
             return group
 
     ep = metadata.EntryPoint(name="clip", value="x:Clip", group=registry.ENTRY_POINT_GROUP)
-    monkeypatch.setattr(registry.ALGORITHMS, "_plugins", {"clip": [ep]})  # as if scanned (rules: test_registry)
+    monkeypatch.setattr(
+        registry.ALGORITHMS, "_plugins", {"clip": [ep]}
+    )  # as if scanned (rules: test_registry)
     monkeypatch.setattr(registry.ALGORITHMS, "_loaded", {})  # and forgotten after this test
     monkeypatch.setattr(metadata.EntryPoint, "load", lambda self: Clip)
     assert "clip" in registry.ALGORITHMS.names()
@@ -160,7 +176,9 @@ def test_a_failing_stage_raises_stage_error() -> None:
 
 
 def test_replays_are_counted_apart_from_fresh_trajectories() -> None:
-    p = build_pipeline(pipeline("validate", "group", "grpo", ("replay", {"times": 1, "delay": 1}), "route"), ctx())
+    p = build_pipeline(
+        pipeline("validate", "group", "grpo", ("replay", {"times": 1, "delay": 1}), "route"), ctx()
+    )
     samples = []
     for i in range(3):
         samples += p.to_samples(p.run(make_group([1.0, 0.0], task=f"t{i}")))

@@ -18,16 +18,35 @@ from tests.streams.factory import make_traj
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
-PIPELINE = [{"name": "validate"}, {"name": "group"}, {"name": "length_penalty", "args": {"per_token": 0.1}},
-            {"name": "dr_grpo"}, {"name": "route"}]
+PIPELINE = [
+    {"name": "validate"},
+    {"name": "group"},
+    {"name": "length_penalty", "args": {"per_token": 0.1}},
+    {"name": "dr_grpo"},
+    {"name": "route"},
+]
 
 
 def install_plugin(tmp_path: Path) -> Path:
     src = tmp_path / "plugin-src"
     shutil.copytree(REPO / "examples" / "astraflow-plugin-example", src)  # build outside the repo
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(src)], check=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(src),
+        ],
+        check=True,
+        timeout=300,
+    )
     assert list(target.glob("astraflow_plugin_example-*.dist-info/entry_points.txt"))
     return target
 
@@ -35,21 +54,33 @@ def install_plugin(tmp_path: Path) -> Path:
 def test_plugin_runs_in_a_faust_worker(streams_harness, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     h = streams_harness(["policy"], PIPELINE)
     # without the package the name is unknown, and the error lists what is known
-    check = subprocess.run([sys.executable, "-m", "astraflow.cli", "streams", "-r", str(h.recipe), "--check"],
-                           env=subprocess_env(), capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    check = subprocess.run(
+        [sys.executable, "-m", "astraflow.cli", "streams", "-r", str(h.recipe), "--check"],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert check.returncode == 1
     assert "unknown algorithm 'length_penalty'" in check.stderr and "grpo" in check.stderr
 
     target = install_plugin(tmp_path)
     env = {"PYTHONPATH": os.pathsep.join([str(target), str(REPO)])}
-    check = subprocess.run([sys.executable, "-m", "astraflow.cli", "streams", "-r", str(h.recipe), "--check"],
-                           env=subprocess_env(**env), capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    check = subprocess.run(
+        [sys.executable, "-m", "astraflow.cli", "streams", "-r", str(h.recipe), "--check"],
+        env=subprocess_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert check.returncode == 0, check.stderr
     assert "validate -> group -> length_penalty -> dr_grpo -> route" in check.stdout
 
     worker = h.start(extra_env=env)
-    short = make_traj("t0", 0, group_size=2, rewards=1.0, gen=5)   # 1 - 0.1 x 5  = 0.5
-    long = make_traj("t0", 1, group_size=2, rewards=0.0, gen=10)   # 0 - 0.1 x 10 = -1.0
+    short = make_traj("t0", 0, group_size=2, rewards=1.0, gen=5)  # 1 - 0.1 x 5  = 0.5
+    long = make_traj("t0", 1, group_size=2, rewards=0.0, gen=10)  # 0 - 0.1 x 10 = -1.0
     h.send([(t.group_id.encode(), t) for t in (short, long)])
     samples = {s.traj_id: s for s in h.records("samples.policy", expect=2)}
     assert sorted(samples) == ["t0#0#0", "t0#0#1"]

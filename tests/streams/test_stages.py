@@ -45,8 +45,8 @@ def test_truncated_errored_and_length_filters() -> None:
     assert [t.sample_index for t in g.trajectories] == [0] and g.drops["errored"] == 2
 
     h = make_group([1.0, 0.0, 1.0])
-    h.trajectories[1] = make_traj("t0", 1, gen=50, rewards=0.0)   # 53 tokens, 50 generated
-    h.trajectories[2] = make_traj("t0", 2, gen=1, rewards=1.0)    # 1 generated
+    h.trajectories[1] = make_traj("t0", 1, gen=50, rewards=0.0)  # 53 tokens, 50 generated
+    h.trajectories[2] = make_traj("t0", 2, gen=1, rewards=1.0)  # 1 generated
     Length(max_tokens=20, min_generated=2)(h)
     assert [t.sample_index for t in h.trajectories] == [0]
     assert h.drops == {"too_long": 1, "too_short": 1}
@@ -96,8 +96,17 @@ def test_route_refuses_groups_without_advantages() -> None:
 def test_task_stats_summary_and_idempotent_fold() -> None:
     g = make_group([1.0, 0.0, 1.0, 1.0], version=3)
     s = summarize(g, success_threshold=1.0)
-    assert s == {"gid": "t0#0", "task": "t0", "env": "arith", "n": 4, "reward_sum": 3.0, "successes": 3,
-                 "zero_variance": False, "version": 3, "dropped": False}
+    assert s == {
+        "gid": "t0#0",
+        "task": "t0",
+        "env": "arith",
+        "n": 4,
+        "reward_sum": 3.0,
+        "successes": 3,
+        "zero_variance": False,
+        "version": 3,
+        "dropped": False,
+    }
     state, applied = fold(None, s)
     assert applied
     again, applied = fold(state, s)
@@ -119,8 +128,14 @@ def test_replay_sends_each_group_again_after_delay() -> None:
     stage.setup(_ctx())
     out = [stage(make_group([1.0, 0.0], task=f"t{i}")) for i in range(6)]
     ids = [[g.group_id for g in o] for o in out]
-    assert ids == [["t0#0"], ["t1#0"], ["t2#0", "t0#0~r1"], ["t3#0", "t1#0~r1"],
-                   ["t4#0", "t0#0~r2", "t2#0~r1"], ["t5#0", "t1#0~r2", "t3#0~r1"]]  # due together: FIFO
+    assert ids == [
+        ["t0#0"],
+        ["t1#0"],
+        ["t2#0", "t0#0~r1"],
+        ["t3#0", "t1#0~r1"],
+        ["t4#0", "t0#0~r2", "t2#0~r1"],
+        ["t5#0", "t1#0~r2", "t3#0~r1"],
+    ]  # due together: FIFO
     copy = out[2][1]
     assert copy.replayed == 1 and copy.trajectories[0].traj_id == "t0#0#0~r1"
     assert stage.counts["replayed"] == 6

@@ -112,8 +112,12 @@ def _runtime(sent: list[bytes], max_task_stats: int = 100) -> Any:
     table = _Table()
     table.deleted = []
     runtime = SimpleNamespace(
-        letters=letters, max_task_stats=max_task_stats,
-        last_event=0.0, counters=Counters(), stats_table=table, written=lambda: [],
+        letters=letters,
+        max_task_stats=max_task_stats,
+        last_event=0.0,
+        counters=Counters(),
+        stats_table=table,
+        written=lambda: [],
         dead=SimpleNamespace(publish=lambda *a: letters.append(a)),
         publisher=SimpleNamespace(flush=lambda timeout: 0),
         topics=SimpleNamespace(task_stats=SimpleNamespace(send=send)),

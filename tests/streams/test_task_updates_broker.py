@@ -13,16 +13,30 @@ from tests.streams.factory import make_traj
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
-PIPELINE = [{"name": "validate"}, {"name": "group", "args": {"timeout_s": 30.0}}, {"name": "task_stats"},
-            {"name": "grpo"}, {"name": "route"}]
+PIPELINE = [
+    {"name": "validate"},
+    {"name": "group", "args": {"timeout_s": 30.0}},
+    {"name": "task_stats"},
+    {"name": "grpo"},
+    {"name": "route"},
+]
 
 
 def test_poison_task_updates_are_dead_lettered_and_the_worker_keeps_going(streams_harness) -> None:  # type: ignore[no-untyped-def]
     h = streams_harness(["policy"], PIPELINE)
     worker = h.start()
     internal = "streams-task-updates"  # namespaced like the app id: <namespace>.streams-task-updates
-    good = {"gid": "p#0", "task": "p", "env": "arith", "n": 4, "reward_sum": 2.0, "successes": 2,
-            "zero_variance": False, "version": 0, "dropped": False}
+    good = {
+        "gid": "p#0",
+        "task": "p",
+        "env": "arith",
+        "n": 4,
+        "reward_sum": 2.0,
+        "successes": 2,
+        "zero_variance": False,
+        "version": 0,
+        "dropped": False,
+    }
     poison = [
         (b"p", b"\xc1 not msgpack", "not msgpack"),
         (b"p", msgpack.packb({"task": "p"}), "TaskUpdate.gid: missing"),

@@ -30,20 +30,34 @@ def test_a_batch_yields_each_trajectory_and_the_reason_of_each_bad_one() -> None
     assert [t.traj_id for _, t in items[:3]] == ["t0#0#0", "t0#0#1", "t0#0#2"]
     errors = [str(e) for _, e in items[3:]]
     assert all(isinstance(e, RecordError) for _, e in items[3:])
-    assert errors[0].startswith("TrajectoryBatch.items[3]: ") and "'t1#0' is not the batch's 't0#0'" in errors[0]
+    assert (
+        errors[0].startswith("TrajectoryBatch.items[3]: ") and "'t1#0' is not the batch's 't0#0'" in errors[0]
+    )
     assert errors[1].startswith("TrajectoryBatch.items[4]: ") and "not a msgpack record" in errors[1]
     assert errors[2].startswith("TrajectoryBatch.items[5]: ") and "unknown policy 'stranger'" in errors[2]
 
 
-@pytest.mark.parametrize(("value", "key", "words"), [
-    (encode(TrajectoryBatch(group_id="t0#0", items=[encode(make_traj("t0", 0))])), b"t9#0",
-     "TrajectoryBatch.<key>: Kafka key 't9#0' is not the group_id 't0#0'"),
-    (encode(Task(task_id="t0", env="arithmetic", roles={"solver": "policy"})), b"t0#0",
-     "t: expected a Trajectory or TrajectoryBatch record, got Task"),
-    (encode(TrajectoryBatch(group_id="t0#0", items=[encode(make_traj("t0", 0))]))[:-3], b"t0#0",
-     "not a msgpack record"),
-    (None, b"t0#0", "empty record"),
-])
+@pytest.mark.parametrize(
+    ("value", "key", "words"),
+    [
+        (
+            encode(TrajectoryBatch(group_id="t0#0", items=[encode(make_traj("t0", 0))])),
+            b"t9#0",
+            "TrajectoryBatch.<key>: Kafka key 't9#0' is not the group_id 't0#0'",
+        ),
+        (
+            encode(Task(task_id="t0", env="arithmetic", roles={"solver": "policy"})),
+            b"t0#0",
+            "t: expected a Trajectory or TrajectoryBatch record, got Task",
+        ),
+        (
+            encode(TrajectoryBatch(group_id="t0#0", items=[encode(make_traj("t0", 0))]))[:-3],
+            b"t0#0",
+            "not a msgpack record",
+        ),
+        (None, b"t0#0", "empty record"),
+    ],
+)
 def test_a_bad_record_is_refused_whole(value: bytes | None, key: bytes, words: str) -> None:
     with pytest.raises(RecordError) as err:
         Validate().split(value, key, POLICIES)

@@ -40,8 +40,14 @@ def test_views_of_different_policies_form_one_group() -> None:
 
 def test_advantages_and_samples_per_policy_over_its_own_views() -> None:
     trajs = views([1.0, 0.0, 1.0, 0.0])
-    group = Group(group_id=trajs[0].group_id, task_id="game", env="arith", policies=["speaker", "listener"],
-                  group_size=8, trajectories=trajs)
+    group = Group(
+        group_id=trajs[0].group_id,
+        task_id="game",
+        env="arith",
+        policies=["speaker", "listener"],
+        group_size=8,
+        trajectories=trajs,
+    )
     assert list(group.members("speaker")) == [0, 2, 4, 6] and list(group.members("listener")) == [1, 3, 5, 7]
     assert np.isnan(group.rewards("speaker")[1])  # a listener view has no speaker reward
     GRPO()(group)
@@ -56,12 +62,19 @@ def test_advantages_and_samples_per_policy_over_its_own_views() -> None:
         assert s.group_samples == 4 and s.reward == t.rewards["listener"]
         np.testing.assert_array_equal(s.loss_mask, (t.owner == 0).astype(np.uint8))
         assert s.advantages[s.loss_mask.astype(bool)] == pytest.approx(
-            float(expected[trajs[1::2].index(t)]), rel=1e-5)
+            float(expected[trajs[1::2].index(t)]), rel=1e-5
+        )
 
 
 def test_task_stats_use_each_views_own_rewards() -> None:
     trajs = views([1.0, 1.0, 0.0, 0.0])
-    group = Group(group_id=trajs[0].group_id, task_id="game", env="arith", policies=["speaker", "listener"],
-                  group_size=8, trajectories=trajs)
+    group = Group(
+        group_id=trajs[0].group_id,
+        task_id="game",
+        env="arith",
+        policies=["speaker", "listener"],
+        group_size=8,
+        trajectories=trajs,
+    )
     s = summarize(group)
     assert s["n"] == 8 and s["reward_sum"] == 4.0 and s["successes"] == 4 and not s["zero_variance"]

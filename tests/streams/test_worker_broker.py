@@ -33,8 +33,14 @@ VERIFIER = [[0, 1, 1, 1], [1, 1, 1, 0], [0, 0, 1, 1], [0.2, 0.4, 0.6, 0.8], [1, 
 
 
 def traj(task: str, i: int, solver: float, verifier: float, **kw: object):  # type: ignore[no-untyped-def]
-    return make_traj(task, i, group_size=4, policies=tuple(POLICIES),
-                     rewards={"solver": solver, "verifier": verifier}, **kw)  # type: ignore[arg-type]
+    return make_traj(
+        task,
+        i,
+        group_size=4,
+        policies=tuple(POLICIES),
+        rewards={"solver": solver, "verifier": verifier},
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def good_input() -> tuple[list, dict[str, dict[str, float]]]:
@@ -51,8 +57,10 @@ def good_input() -> tuple[list, dict[str, dict[str, float]]]:
         adv, _, _ = grpo(np.array(VERIFIER[g][: len(members)], float), eps=1e-6)
         expected["verifier"].update({t.traj_id: float(a) for t, a in zip(members, adv, strict=True)})
     items += [traj("zero", i, 1.0, 1.0) for i in range(4)]  # zero variance: dropped
-    truncated = [traj("trunc", i, float(i % 2), float(i % 3 == 0), finish="length" if i == 2 else "stop")
-                 for i in range(4)]
+    truncated = [
+        traj("trunc", i, float(i % 2), float(i % 3 == 0), finish="length" if i == 2 else "stop")
+        for i in range(4)
+    ]
     items += truncated
     kept = [truncated[i] for i in (0, 1, 3)]
     for p, rewards in (("solver", [0.0, 1.0, 1.0]), ("verifier", [1.0, 0.0, 1.0])):
@@ -71,8 +79,10 @@ def malformed() -> list[tuple[bytes | None, bytes, str]]:
     """(key, value, a phrase the dead letter's reason must contain)."""
     base = msgpack.unpackb(encode(traj("bad", 0, 1.0, 0.0)), raw=False)
     nan = msgpack.packb({**base, "rewards": {"solver": math.nan, "verifier": 0.0}}, use_bin_type=True)
-    stranger = msgpack.packb({**base, "policies": ["solver", "stranger"],
-                              "rewards": {"solver": 1.0, "stranger": 0.0}}, use_bin_type=True)
+    stranger = msgpack.packb(
+        {**base, "policies": ["solver", "stranger"], "rewards": {"solver": 1.0, "stranger": 0.0}},
+        use_bin_type=True,
+    )
     wrong_id = msgpack.packb({**base, "group_id": "bad#7"}, use_bin_type=True)
     return [
         (b"junk", b"\xc1 not msgpack at all", "not a msgpack record"),
@@ -97,14 +107,16 @@ def test_worker_end_to_end(streams_harness) -> None:  # type: ignore[no-untyped-
     h.send(first)
     h.records("samples.solver", expect=8)  # g0 and g1 emitted: the dups below arrive late
     where = h.send(dups + rest + sent_bad)
-    bad_where = where[-len(sent_bad):]
+    bad_where = where[-len(sent_bad) :]
 
     want = {p: len(v) for p, v in expected.items()}
     samples = {p: h.records(f"samples.{p}", expect=want[p]) for p in POLICIES}
     for policy in POLICIES:
         got = samples[policy]
         ids = Counter(s.traj_id for s in got)
-        assert ids == Counter(list(expected[policy])), f"{policy}: {sorted(ids)} != {sorted(expected[policy])}"
+        assert ids == Counter(list(expected[policy])), (
+            f"{policy}: {sorted(ids)} != {sorted(expected[policy])}"
+        )
         for s in got:
             mask = s.loss_mask.astype(bool)
             assert isinstance(s, Sample) and s.policy == policy and mask.any()
@@ -117,22 +129,36 @@ def test_worker_end_to_end(streams_harness) -> None:  # type: ignore[no-untyped-
     dead = [d for d in h.records("deadletter", expect=len(sent_bad)) if isinstance(d, DeadLetter)]
     assert len(dead) == len(sent_bad)
     by_offset = {(d.partition, d.offset): d for d in dead}
-    for (key, value), (part, off), phrase in zip(sent_bad, bad_where, [b[2] for b in bad] + ["group_size 5"],
-                                                 strict=True):
+    for (key, value), (part, off), phrase in zip(
+        sent_bad, bad_where, [b[2] for b in bad] + ["group_size 5"], strict=True
+    ):
         d = by_offset[(part, off)]
         assert d.source_topic == h.kafka.topic("trajectories") and d.raw == value and d.key == key
         assert phrase in d.error and d.component == "streams"
 
     n_in = len(first) + len(dups) + len(sent_bad) + len(rest)
-    values = h.last_metrics("w0", until=lambda v: v.get("trajectories.in") == n_in
-                            and v.get("trajectories.pending") == 0 and v.get("groups.timeout_dropped") == 1)
+    values = h.last_metrics(
+        "w0",
+        until=lambda v: (
+            v.get("trajectories.in") == n_in
+            and v.get("trajectories.pending") == 0
+            and v.get("groups.timeout_dropped") == 1
+        ),
+    )
     dropped = {k.split(".", 2)[2]: v for k, v in values.items() if k.startswith("trajectories.dropped.")}
     assert dropped == {"zero_variance": 4, "truncated": 1, "timeout": 1, "late": 2, "duplicate": 1}
     assert values["trajectories.deadlettered"] == len(sent_bad)
     assert values["trajectories.out"] == len(expected["solver"])
-    assert values["trajectories.in"] == values["trajectories.out"] + sum(dropped.values()) \
-        + values["trajectories.deadlettered"] + values["trajectories.pending"]
-    assert values["samples.out.solver"] == want["solver"] and values["samples.out.verifier"] == want["verifier"]
+    assert (
+        values["trajectories.in"]
+        == values["trajectories.out"]
+        + sum(dropped.values())
+        + values["trajectories.deadlettered"]
+        + values["trajectories.pending"]
+    )
+    assert (
+        values["samples.out.solver"] == want["solver"] and values["samples.out.verifier"] == want["verifier"]
+    )
     assert values["groups.timeout_emitted"] == 1 and values["groups.emitted"] == 8
     assert values["stage.grpo.in"] == 6 * 4 + 3 + 2  # the zero-variance group never reaches it
 
@@ -156,7 +182,8 @@ def test_worker_end_to_end(streams_harness) -> None:  # type: ignore[no-untyped-
 
 
 def test_a_workers_batches_are_opened_and_a_bad_trajectory_of_one_is_dead_lettered_alone(
-        streams_harness) -> None:  # type: ignore[no-untyped-def]
+    streams_harness,
+) -> None:  # type: ignore[no-untyped-def]
     """Workers send a group's trajectories as one TrajectoryBatch: streams takes each on its own. A
     bad trajectory goes to deadletter alone (its own bytes, the batch's position, the item named) and
     its group is emitted without it at the timeout; a batch under another group's key is refused whole."""
@@ -169,26 +196,43 @@ def test_a_workers_batches_are_opened_and_a_bad_trajectory_of_one_is_dead_letter
     stranger = encode(traj("b0", 3, 0.0, 0.0))  # a trajectory of b0 in b2's batch
     mixed = [encode(traj("b2", i, float(i % 2), 1.0)) for i in range(3)] + [stranger]
     misfiled = TrajectoryBatch(group_id="b3#0", items=[encode(traj("b3", i, 1.0, 0.0)) for i in range(4)])
-    where = h.send([(b"b0#0", TrajectoryBatch(group_id="b0#0", items=[encode(t) for t in whole])),
-                    (b"b1#0", TrajectoryBatch(group_id="b1#0", items=holed)),
-                    (b"b2#0", TrajectoryBatch(group_id="b2#0", items=mixed)),
-                    (b"b9#0", misfiled)])
+    where = h.send(
+        [
+            (b"b0#0", TrajectoryBatch(group_id="b0#0", items=[encode(t) for t in whole])),
+            (b"b1#0", TrajectoryBatch(group_id="b1#0", items=holed)),
+            (b"b2#0", TrajectoryBatch(group_id="b2#0", items=mixed)),
+            (b"b9#0", misfiled),
+        ]
+    )
 
     solver = h.records("samples.solver", expect=4 + 3 + 3)  # b0 whole; b1 and b2 short one, at the timeout
     assert Counter(s.group_id for s in solver) == {"b0#0": 4, "b1#0": 3, "b2#0": 3}
     adv, _, _ = grpo(np.array(SOLVER[0], float), eps=1e-6)
     for s in solver:
         if s.group_id == "b0#0":
-            np.testing.assert_allclose(s.advantages[s.loss_mask.astype(bool)], adv[int(s.traj_id.rsplit("#")[-1])],
-                                       rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(
+                s.advantages[s.loss_mask.astype(bool)],
+                adv[int(s.traj_id.rsplit("#")[-1])],
+                rtol=1e-5,
+                atol=1e-6,
+            )
     dead = [d for d in h.records("deadletter", expect=3) if isinstance(d, DeadLetter)]
     assert sorted((d.partition, d.offset) for d in dead) == sorted(where[1:])  # each names its batch
     by_key = {d.key: d for d in dead}
-    assert by_key[b"b1#0"].raw == holed[2] and "TrajectoryBatch.items[2]" in by_key[b"b1#0"].error \
+    assert (
+        by_key[b"b1#0"].raw == holed[2]
+        and "TrajectoryBatch.items[2]" in by_key[b"b1#0"].error
         and "rewards.solver: must be finite" in by_key[b"b1#0"].error
-    assert by_key[b"b2#0"].raw == stranger and "TrajectoryBatch.items[3]" in by_key[b"b2#0"].error \
+    )
+    assert (
+        by_key[b"b2#0"].raw == stranger
+        and "TrajectoryBatch.items[3]" in by_key[b"b2#0"].error
         and "is not the batch's 'b2#0'" in by_key[b"b2#0"].error
-    assert by_key[b"b9#0"].raw == encode(misfiled) and "Kafka key 'b9#0' is not the group_id 'b3#0'" in by_key[b"b9#0"].error
+    )
+    assert (
+        by_key[b"b9#0"].raw == encode(misfiled)
+        and "Kafka key 'b9#0' is not the group_id 'b3#0'" in by_key[b"b9#0"].error
+    )
     values = h.last_metrics("w0", until=lambda v: v.get("records.in") == 4 and v.get("groups.emitted") == 3)
     assert values["trajectories.in"] == 4 + 4 + 4 + 1  # the refused batch counts as one
     assert values["trajectories.deadlettered"] == 3 and values["trajectories.out"] == 10
@@ -204,8 +248,22 @@ def test_refuses_to_start_without_its_topics(kafka, tmp_path) -> None:  # type: 
     from tests.streams.conftest import write_recipe
 
     recipe = write_recipe(tmp_path / "recipe.yaml", kafka, POLICIES, PIPELINE)  # no `topics apply`
-    run = subprocess.run([sys.executable, "-m", "astraflow.cli", "streams", "-r", str(recipe), "--data-dir",
-                          str(tmp_path / "faust")], env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "astraflow.cli",
+            "streams",
+            "-r",
+            str(recipe),
+            "--data-dir",
+            str(tmp_path / "faust"),
+        ],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 1
     err = " ".join(run.stderr.split())
     assert f"missing topic(s) {kafka.topic('trajectories')}" in err and "astraflow topics apply" in err

@@ -39,8 +39,10 @@ def main(out: Path, policy_loss: str = "ppo") -> None:
             (out / "loss.txt").write_text(repr(stats["loss"]))
             (out / "stats.json").write_text(json.dumps(stats))
     if dist.leader:
-        save_file({k: v.clone().contiguous() for k, v in engine.state_dict().items()
-                   if k != "lm_head.weight"}, str(out / "weights.safetensors"))
+        save_file(
+            {k: v.clone().contiguous() for k, v in engine.state_dict().items() if k != "lm_head.weight"},
+            str(out / "weights.safetensors"),
+        )
     distributed.shutdown(dist)
 
 

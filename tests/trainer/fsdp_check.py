@@ -43,16 +43,21 @@ def main(out: Path, parallel: str, first: int, last: int, resume: str | None = N
         assert mine is not None
         stats = engine.step(mine, step, num_tokens, num_seqs)
         if step == first:  # gathering a sharded gradient is a collective: every rank takes part
-            grads = {k: sharding.full_tensor(p.grad).clone() for k, p in engine.model.named_parameters()
-                     if p.grad is not None}
+            grads = {
+                k: sharding.full_tensor(p.grad).clone()
+                for k, p in engine.model.named_parameters()
+                if p.grad is not None
+            }
             if dist.leader:
                 save_file(grads, str(out / "grads.safetensors"))
                 (out / "stats.json").write_text(json.dumps(stats))
         model_state, optimizer_state = engine.full_state()
         if dist.leader:
             assert model_state is not None and optimizer_state is not None
-            save_file({k: v.detach().clone().contiguous() for k, v in model_state.items() if k != "lm_head.weight"},
-                      str(out / f"weights-{step}.safetensors"))
+            save_file(
+                {k: v.detach().clone().contiguous() for k, v in model_state.items() if k != "lm_head.weight"},
+                str(out / f"weights-{step}.safetensors"),
+            )
             if step == last:
                 snap = ckpt.snapshot(step, model_state, optimizer_state, {"version": step})
                 ckpt.save_checkpoint(out / "checkpoints", snap, model, tokenizer)

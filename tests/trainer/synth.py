@@ -15,8 +15,9 @@ from tests.trainer.helpers import TINY
 VOCAB = 98  # the char tokenizer: 4 special tokens + 94 characters
 
 
-def make_group(policy: str, task: str, size: int = 4, version: int = 0, seed: int = 0,
-               length: int = 12, attempt: int = 0) -> list[Sample]:
+def make_group(
+    policy: str, task: str, size: int = 4, version: int = 0, seed: int = 0, length: int = 12, attempt: int = 0
+) -> list[Sample]:
     rng = np.random.default_rng([zlib.crc32(task.encode()), seed])  # stable across processes
     rewards = rng.integers(0, 2, size).astype(np.float32)
     if rewards.min() == rewards.max():
@@ -31,16 +32,36 @@ def make_group(policy: str, task: str, size: int = 4, version: int = 0, seed: in
         mask[prompt:] = 1
         logprobs = np.where(mask, -rng.uniform(0.5, 5.0, n), 0.0).astype(np.float32)
         versions = np.where(mask, version, -1).astype(np.int32)
-        out.append(Sample(policy=policy, traj_id=traj_id(task, attempt, i), group_id=group_id(task, attempt),
-                          task_id=task, env="arith", tokens=tokens, loss_mask=mask, logprobs=logprobs,
-                          versions=versions, advantages=(mask * adv[i]).astype(np.float32),
-                          reward=float(rewards[i]), group_size=size, group_samples=size,
-                          group_mean=float(rewards.mean()), group_std=float(rewards.std()), attempt=attempt))
+        out.append(
+            Sample(
+                policy=policy,
+                traj_id=traj_id(task, attempt, i),
+                group_id=group_id(task, attempt),
+                task_id=task,
+                env="arith",
+                tokens=tokens,
+                loss_mask=mask,
+                logprobs=logprobs,
+                versions=versions,
+                advantages=(mask * adv[i]).astype(np.float32),
+                reward=float(rewards[i]),
+                group_size=size,
+                group_samples=size,
+                group_mean=float(rewards.mean()),
+                group_std=float(rewards.std()),
+                attempt=attempt,
+            )
+        )
     return out
 
 
-def produce(settings: KafkaSettings, samples: list[Sample], policy: str, partition: int | None = None,
-            raw: tuple[bytes, ...] = ()) -> None:
+def produce(
+    settings: KafkaSettings,
+    samples: list[Sample],
+    policy: str,
+    partition: int | None = None,
+    raw: tuple[bytes, ...] = (),
+) -> None:
     """Send samples keyed by group_id (all to one `partition` when given, to fix their order), then
     `raw` byte strings (malformed records)."""
     from astraflow.records import encode
@@ -55,10 +76,18 @@ def produce(settings: KafkaSettings, samples: list[Sample], policy: str, partiti
     pub.flush()
 
 
-def recipe(kafka: KafkaSettings, policies: tuple[str, ...] = ("p",), model: ModelSpec = TINY, **trainer: object) -> Recipe:
+def recipe(
+    kafka: KafkaSettings, policies: tuple[str, ...] = ("p",), model: ModelSpec = TINY, **trainer: object
+) -> Recipe:
     base = {"batch_groups": 2, "publish_every": 1, "lr": 1e-3, "micro_batch_tokens": 64, "snapshot_every": 4}
     base.update(trainer)
-    return Recipe.model_validate({
-        "name": "t", "policies": [{"name": p} for p in policies], "model": model.model_dump(),
-        "max_staleness": 100, "kafka": kafka.model_dump(), "trainer": base,
-    })
+    return Recipe.model_validate(
+        {
+            "name": "t",
+            "policies": [{"name": p} for p in policies],
+            "model": model.model_dump(),
+            "max_staleness": 100,
+            "kafka": kafka.model_dump(),
+            "trainer": base,
+        }
+    )

@@ -24,9 +24,9 @@ def add_group(buf: GroupBuffer, task: str, versions: list[int], partition: int, 
 def test_edf_takes_the_group_closest_to_its_deadline_first() -> None:
     fifo, edf = GroupBuffer("p"), GroupBuffer("p", order="edf")
     for buf in (fifo, edf):
-        add_group(buf, "new", [5, 5], 0, 0)    # deadline 7
-        add_group(buf, "old", [3, 4], 0, 2)    # deadline 5
-        add_group(buf, "tie", [3, 6], 0, 4)    # deadline 5, completed after "old"
+        add_group(buf, "new", [5, 5], 0, 0)  # deadline 7
+        add_group(buf, "old", [3, 4], 0, 2)  # deadline 5
+        add_group(buf, "tie", [3, 6], 0, 4)  # deadline 5, completed after "old"
     assert [fifo.take(1, None, 5, 2).group_ids[0] for _ in range(3)] == ["new#0", "old#0", "tie#0"]
     assert [edf.take(1, None, 5, 2).group_ids[0] for _ in range(3)] == ["old#0", "tie#0", "new#0"]
 
@@ -34,7 +34,7 @@ def test_edf_takes_the_group_closest_to_its_deadline_first() -> None:
 def test_edf_ranks_a_group_by_the_samples_it_can_still_train() -> None:
     buf = GroupBuffer("p", order="edf")
     add_group(buf, "mixed", [1, 6], 0, 0)  # sample 0 already stale at 6 (deadline 3); sample 1: 8
-    add_group(buf, "live", [4, 4], 0, 2)   # deadline 6: trains first
+    add_group(buf, "live", [4, 4], 0, 2)  # deadline 6: trains first
     batch = buf.take(1, None, version=6, max_staleness=2)
     assert batch.group_ids == ["live#0"] and batch.lags == [2, 2] and not batch.stale
     batch = buf.take(1, None, version=6, max_staleness=2)
@@ -70,8 +70,8 @@ def test_edf_drops_wholly_stale_groups_at_once_even_without_a_batch() -> None:
 
 def test_out_of_order_batches_never_release_an_untrained_offset() -> None:
     buf = GroupBuffer("p", order="edf")
-    add_group(buf, "young", [5, 5], 0, 0)   # offsets 0, 1
-    add_group(buf, "old", [3, 3], 0, 2)     # offsets 2, 3
+    add_group(buf, "young", [5, 5], 0, 0)  # offsets 0, 1
+    add_group(buf, "old", [3, 3], 0, 2)  # offsets 2, 3
     buf.done(buf.take(1, None, 5, 2), step=1)
     assert buf.trained.keys() == {"old#0"}
     assert buf.offsets() == {0: 0}  # "young" at offsets 0-1 is not trained: resume there

@@ -9,16 +9,28 @@ from astraflow.records import Sample, group_id, traj_id
 from trainer.batching import BadSample, GroupBuffer, lag_of
 
 
-def sample(task: str, index: int, n: int = 2, versions: tuple[int, ...] = (0, 0), policy: str = "p",
-           length: int = 4) -> Sample:
+def sample(
+    task: str, index: int, n: int = 2, versions: tuple[int, ...] = (0, 0), policy: str = "p", length: int = 4
+) -> Sample:
     tokens = np.arange(length, dtype=np.int32)
     mask = np.zeros(length, np.uint8)
-    mask[-len(versions):] = 1
+    mask[-len(versions) :] = 1
     vers = np.full(length, -1, np.int32)
-    vers[-len(versions):] = versions
-    return Sample(policy=policy, traj_id=traj_id(task, 0, index), group_id=group_id(task, 0), task_id=task,
-                  env="arith", tokens=tokens, loss_mask=mask, logprobs=np.zeros(length, np.float32),
-                  versions=vers, advantages=np.zeros(length, np.float32), group_size=n, group_samples=n)
+    vers[-len(versions) :] = versions
+    return Sample(
+        policy=policy,
+        traj_id=traj_id(task, 0, index),
+        group_id=group_id(task, 0),
+        task_id=task,
+        env="arith",
+        tokens=tokens,
+        loss_mask=mask,
+        logprobs=np.zeros(length, np.float32),
+        versions=vers,
+        advantages=np.zeros(length, np.float32),
+        group_size=n,
+        group_samples=n,
+    )
 
 
 def test_groups_complete_on_distinct_traj_ids_and_queue_in_order() -> None:
@@ -84,12 +96,12 @@ def test_samples_of_lost_versions_are_stale_and_the_loss_survives_a_restart() ->
 
 def test_restart_offsets_point_at_the_oldest_untrained_sample() -> None:
     buf = GroupBuffer("p")
-    buf.add(sample("a", 0), 0, 0)   # a stays incomplete
+    buf.add(sample("a", 0), 0, 0)  # a stays incomplete
     buf.add(sample("b", 0), 0, 1)
-    buf.add(sample("b", 1), 0, 2)   # b complete
+    buf.add(sample("b", 1), 0, 2)  # b complete
     buf.add(sample("c", 0), 1, 5)
-    buf.add(sample("c", 1), 1, 6)   # c complete
-    buf.consumed(1, 7)              # a record that was dead-lettered
+    buf.add(sample("c", 1), 1, 6)  # c complete
+    buf.consumed(1, 7)  # a record that was dead-lettered
     assert buf.offsets() == {0: 0, 1: 5}
     buf.done(buf.take(2, None, 0, 0), step=1)
     assert buf.offsets() == {0: 0, 1: 8}  # a still waits at offset 0; partition 1 is all done

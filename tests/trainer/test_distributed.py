@@ -26,11 +26,27 @@ def free_port() -> int:
 def run(out: Path, nproc: int, policy_loss: str = "ppo") -> None:
     out.mkdir()
     script = str(REPO / "tests" / "trainer" / "ddp_check.py")
-    cmd = [sys.executable, script, str(out), policy_loss] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-        "--master-port", str(free_port()), script, str(out), policy_loss]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env=subprocess_env(OMP_NUM_THREADS="1"))
+    cmd = (
+        [sys.executable, script, str(out), policy_loss]
+        if nproc == 1
+        else [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(nproc),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            script,
+            str(out),
+            policy_loss,
+        ]
+    )
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=subprocess_env(OMP_NUM_THREADS="1")
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
@@ -38,16 +54,22 @@ def run(out: Path, nproc: int, policy_loss: str = "ppo") -> None:
 def test_two_gloo_processes_compute_the_same_gradients_and_weights(tmp_path: Path, policy_loss: str) -> None:
     run(tmp_path / "one", 1, policy_loss)
     run(tmp_path / "two", 2, policy_loss)
-    if policy_loss == "m2po":  # the mask is cut on both ranks' tokens: the same tokens masked as in one process
+    if (
+        policy_loss == "m2po"
+    ):  # the mask is cut on both ranks' tokens: the same tokens masked as in one process
         s1, s2 = (json.loads((tmp_path / d / "stats.json").read_text()) for d in ("one", "two"))
         assert 0 < s1["m2po.masked_fraction"] < 1 and s2["m2po.masked_fraction"] == s1["m2po.masked_fraction"]
         assert s2["m2po.m2"] == pytest.approx(s1["m2po.m2"], rel=1e-5)
-    g1, g2 = load_file(str(tmp_path / "one" / "grads.safetensors")), load_file(str(tmp_path / "two" / "grads.safetensors"))
+    g1, g2 = (
+        load_file(str(tmp_path / "one" / "grads.safetensors")),
+        load_file(str(tmp_path / "two" / "grads.safetensors")),
+    )
     assert set(g1) == set(g2)
     for k in g1:  # the same batch-wide gradient, summed in another order
         torch.testing.assert_close(g2[k], g1[k], rtol=1e-4, atol=1e-7)
     assert float((tmp_path / "two" / "loss.txt").read_text()) == pytest.approx(
-        float((tmp_path / "one" / "loss.txt").read_text()), rel=1e-5)
+        float((tmp_path / "one" / "loss.txt").read_text()), rel=1e-5
+    )
     w0 = load_file(str(tmp_path / "one" / "weights.safetensors"))
     w1 = load_file(str(tmp_path / "two" / "weights.safetensors"))
     for k in w0:
@@ -56,7 +78,9 @@ def test_two_gloo_processes_compute_the_same_gradients_and_weights(tmp_path: Pat
 
 @pytest.mark.broker
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_the_trainer_under_torchrun_trains_like_one_process(kafka, topics, tmp_path: Path, parallel: str) -> None:  # type: ignore[no-untyped-def]
+def test_the_trainer_under_torchrun_trains_like_one_process(
+    kafka, topics, tmp_path: Path, parallel: str
+) -> None:  # type: ignore[no-untyped-def]
     import yaml
 
     from tests.kafka_helpers import read_now
@@ -71,15 +95,42 @@ def test_the_trainer_under_torchrun_trains_like_one_process(kafka, topics, tmp_p
     rfile.write_text(yaml.safe_dump(r.model_dump(mode="json")))
 
     def torchrun(max_steps: int) -> str:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-               "--master-port", str(free_port()), "-m", "astraflow.cli", "trainer", "--recipe", str(rfile),
-               "--policy", "p", "--run-dir", str(tmp_path / "ddp"), "--max-steps", str(max_steps)]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO,
-                              env=subprocess_env(OMP_NUM_THREADS="1"))
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            "-m",
+            "astraflow.cli",
+            "trainer",
+            "--recipe",
+            str(rfile),
+            "--policy",
+            "p",
+            "--run-dir",
+            str(tmp_path / "ddp"),
+            "--max-steps",
+            str(max_steps),
+        ]
+        done = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=REPO,
+            env=subprocess_env(OMP_NUM_THREADS="1"),
+        )
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
         return done.stdout + done.stderr
 
-    if parallel == "fsdp":  # stop after 2 steps and resume: the offsets and AdamW state come from the checkpoint
+    if (
+        parallel == "fsdp"
+    ):  # stop after 2 steps and resume: the offsets and AdamW state come from the checkpoint
         torchrun(2)
         assert "resumed from" in torchrun(3)
     else:
@@ -97,6 +148,12 @@ def test_the_trainer_under_torchrun_trains_like_one_process(kafka, topics, tmp_p
     versions = [e.version for e in read_now(kafka, "weights", WeightVersion)]
     # each run announced versions 0..3; the resumed FSDP job announced its version 2 again first
     assert sorted(versions) == sorted([0, 1, 2, 3] * 2 + ([2] if parallel == "fsdp" else []))
-    trained = [[g for line in (tmp_path / d / "trainer/p/trained.jsonl").read_text().splitlines()
-                for g in json.loads(line)["groups"]] for d in ("ddp", "single")]
+    trained = [
+        [
+            g
+            for line in (tmp_path / d / "trainer/p/trained.jsonl").read_text().splitlines()
+            for g in json.loads(line)["groups"]
+        ]
+        for d in ("ddp", "single")
+    ]
     assert trained[0] == trained[1] and len(set(trained[0])) == 6  # each group once, in the same order

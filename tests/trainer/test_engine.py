@@ -25,31 +25,45 @@ def rows_of(n_groups: int = 3):  # type: ignore[no-untyped-def]
     return collate(samples, pad_id=0)
 
 
-def grads_after_step(cfg: TrainerConfig, rows, model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict]:  # type: ignore[no-untyped-def]
+def grads_after_step(
+    cfg: TrainerConfig, rows, model: torch.nn.Module
+) -> tuple[dict[str, torch.Tensor], dict]:  # type: ignore[no-untyped-def]
     engine = Engine(model, cfg, CPU)
     stats = engine.step(rows, 1, float(rows.mask.sum()), float((rows.mask.sum(-1) > 0).sum()))
     return {k: p.grad.clone() for k, p in engine.model.named_parameters()}, stats
 
 
-@pytest.mark.parametrize("loss", [
-    LossConfig(aggregation="token"), LossConfig(aggregation="sequence"),
-    LossConfig(aggregation="seq-mean-token-sum"), LossConfig(aggregation="constant", norm_length=16),
-    LossConfig(policy_loss="gspo", aggregation="seq-mean-token-mean"), LossConfig(policy_loss="cispo"),
-    LossConfig(policy_loss="m2po", m2_threshold=1.0),
-], ids=lambda c: f"{c.policy_loss}-{c.aggregation}")
+@pytest.mark.parametrize(
+    "loss",
+    [
+        LossConfig(aggregation="token"),
+        LossConfig(aggregation="sequence"),
+        LossConfig(aggregation="seq-mean-token-sum"),
+        LossConfig(aggregation="constant", norm_length=16),
+        LossConfig(policy_loss="gspo", aggregation="seq-mean-token-mean"),
+        LossConfig(policy_loss="cispo"),
+        LossConfig(policy_loss="m2po", m2_threshold=1.0),
+    ],
+    ids=lambda c: f"{c.policy_loss}-{c.aggregation}",
+)
 def test_micro_batches_accumulate_to_the_one_pass_gradient(loss: LossConfig) -> None:
     rows = rows_of()
     assert len(micro_batches(rows, 40)) > 3  # really split
     model = tiny_model()
-    whole, s1 = grads_after_step(TrainerConfig(micro_batch_tokens=1 << 16, loss=loss, max_grad_norm=None), rows,
-                                 copy.deepcopy(model))
-    split, s2 = grads_after_step(TrainerConfig(micro_batch_tokens=40, loss=loss, max_grad_norm=None), rows,
-                                 copy.deepcopy(model))
+    whole, s1 = grads_after_step(
+        TrainerConfig(micro_batch_tokens=1 << 16, loss=loss, max_grad_norm=None), rows, copy.deepcopy(model)
+    )
+    split, s2 = grads_after_step(
+        TrainerConfig(micro_batch_tokens=40, loss=loss, max_grad_norm=None), rows, copy.deepcopy(model)
+    )
     assert s1["loss"] == pytest.approx(s2["loss"], rel=1e-5) and s1["loss_tokens"] == s2["loss_tokens"]
     for k in whole:
         torch.testing.assert_close(split[k], whole[k], rtol=1e-4, atol=1e-7)
     if loss.policy_loss == "m2po":  # the same tokens masked, part of them
-        assert 0.05 < s1["m2po.masked_fraction"] < 0.95 and s1["m2po.masked_fraction"] == s2["m2po.masked_fraction"]
+        assert (
+            0.05 < s1["m2po.masked_fraction"] < 0.95
+            and s1["m2po.masked_fraction"] == s2["m2po.masked_fraction"]
+        )
         assert s2["m2po.m2_kept"] <= 1.0 < s2["m2po.m2"]
 
 
@@ -158,7 +172,9 @@ def test_entropy_bonus_decays_to_nothing_at_entropy_decay_steps() -> None:
     model = tiny_model()
     loss = LossConfig(entropy_coef=0.5, entropy_decay_steps=4)
     engine = Engine(copy.deepcopy(model), TrainerConfig(loss=loss, max_grad_norm=None), CPU)
-    assert [engine.entropy_coef_at(s) for s in (1, 2, 3, 5, 50)] == pytest.approx([0.5, 0.375, 0.25, 0.0, 0.0])
+    assert [engine.entropy_coef_at(s) for s in (1, 2, 3, 5, 50)] == pytest.approx(
+        [0.5, 0.375, 0.25, 0.0, 0.0]
+    )
 
     def grads_at(cfg: TrainerConfig, step: int) -> tuple[dict[str, torch.Tensor], dict]:  # type: ignore[type-arg]
         engine = Engine(copy.deepcopy(model), cfg, CPU)
@@ -184,14 +200,26 @@ def test_entropy_control_moves_the_bonus_toward_the_target_and_checkpoints_carry
     n_tok, n_seq = float(rows.mask.sum()), float(len(rows))
     entropy = Engine(tiny_model(), TrainerConfig(), CPU).step(rows, 1, n_tok, n_seq)["entropy"]
     assert entropy > 0.5
-    above = Engine(tiny_model(), TrainerConfig(loss=LossConfig(entropy_coef=0.02, entropy_target=entropy / 2,
-                                                               entropy_adapt_rate=0.01)), CPU)
-    below = Engine(tiny_model(), TrainerConfig(loss=LossConfig(entropy_coef=0.02, entropy_target=entropy + 1.0,
-                                                               entropy_adapt_rate=0.01)), CPU)
+    above = Engine(
+        tiny_model(),
+        TrainerConfig(
+            loss=LossConfig(entropy_coef=0.02, entropy_target=entropy / 2, entropy_adapt_rate=0.01)
+        ),
+        CPU,
+    )
+    below = Engine(
+        tiny_model(),
+        TrainerConfig(
+            loss=LossConfig(entropy_coef=0.02, entropy_target=entropy + 1.0, entropy_adapt_rate=0.01)
+        ),
+        CPU,
+    )
     first = below.step(rows, 1, n_tok, n_seq)
     assert first["entropy_coef"] == pytest.approx(0.02)  # the weight it started from
     # below the target the weight grows by rate x gap; above it, it shrinks, and never below 0
-    assert below.entropy_coef_at(2) == pytest.approx(0.02 + 0.01 * (entropy + 1.0 - first["entropy"]), rel=1e-6)
+    assert below.entropy_coef_at(2) == pytest.approx(
+        0.02 + 0.01 * (entropy + 1.0 - first["entropy"]), rel=1e-6
+    )
     coefs = []
     for step in range(1, 5):
         coefs.append(above.step(rows, step, n_tok, n_seq)["entropy_coef"])
@@ -208,23 +236,35 @@ def test_entropy_control_moves_the_bonus_toward_the_target_and_checkpoints_carry
         LossConfig(entropy_target=0.3, entropy_decay_steps=100)
 
 
-@pytest.mark.parametrize("loss", [
-    {"policy_loss": "ppo"}, {"policy_loss": "ppo", "tis_cap": 2.0}, {"policy_loss": "ppo", "dual_clip": 3.0},
-    {"policy_loss": "gspo", "clip_low": 3e-4, "clip_high": 4e-4, "aggregation": "seq-mean-token-mean"},
-    {"policy_loss": "cispo", "clip_low": 0.9, "clip_high": 4.0}, {"policy_loss": "m2po"},
-    {"policy_loss": "m2po", "aggregation": "constant", "norm_length": 16},
-    {"kl_coef": 0.1, "kl_estimator": "k2"}, {"kl_coef": 0.1, "kl_estimator": "k1", "kl_in": "reward"},
-], ids=lambda d: "-".join(f"{v}" for v in d.values()))
+@pytest.mark.parametrize(
+    "loss",
+    [
+        {"policy_loss": "ppo"},
+        {"policy_loss": "ppo", "tis_cap": 2.0},
+        {"policy_loss": "ppo", "dual_clip": 3.0},
+        {"policy_loss": "gspo", "clip_low": 3e-4, "clip_high": 4e-4, "aggregation": "seq-mean-token-mean"},
+        {"policy_loss": "cispo", "clip_low": 0.9, "clip_high": 4.0},
+        {"policy_loss": "m2po"},
+        {"policy_loss": "m2po", "aggregation": "constant", "norm_length": 16},
+        {"kl_coef": 0.1, "kl_estimator": "k2"},
+        {"kl_coef": 0.1, "kl_estimator": "k1", "kl_in": "reward"},
+    ],
+    ids=lambda d: "-".join(f"{v}" for v in d.values()),
+)
 def test_every_recipe_loss_trains_without_nan_even_at_extreme_log_ratios(loss: dict) -> None:
     from astraflow.config import Recipe
 
-    recipe = Recipe.model_validate({"name": "t", "trainer": {"lr": 1e-3, "micro_batch_tokens": 48, "loss": loss}})
+    recipe = Recipe.model_validate(
+        {"name": "t", "trainer": {"lr": 1e-3, "micro_batch_tokens": 48, "loss": loss}}
+    )
     model = tiny_model()
     ref = copy.deepcopy(model) if recipe.trainer.loss.kl_coef else None
     engine = Engine(model, recipe.trainer, CPU, ref_model=ref)
     before = {k: v.clone() for k, v in engine.model.state_dict().items()}
     for step in range(1, 5):
-        rows = collate([s for g in range(2) for s in make_group("p", f"n{step}{g}", seed=step, size=3)], pad_id=0)
+        rows = collate(
+            [s for g in range(2) for s in make_group("p", f"n{step}{g}", seed=step, size=3)], pad_id=0
+        )
         rows.behaviour[:, 6] = -150.0  # log-ratios ~150: far past exp's float32 range
         rows.behaviour[:, 7] = 40.0
         stats = engine.step(rows, step, float(rows.mask.sum()), float((rows.mask.sum(-1) > 0).sum()))
@@ -241,8 +281,14 @@ def test_the_optimiser_is_fused_adamw_and_updates_as_the_per_parameter_loop_does
     fused = Engine(tiny_model(), cfg, CPU)
     assert fused.optimizer.param_groups[0]["fused"] is True
     plain = Engine(copy.deepcopy(fused.model), cfg, CPU)
-    plain.optimizer = torch.optim.AdamW(plain.model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                                        weight_decay=cfg.weight_decay, foreach=False)
+    plain.optimizer = torch.optim.AdamW(
+        plain.model.parameters(),
+        lr=cfg.lr,
+        betas=cfg.betas,
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        foreach=False,
+    )
     before = {k: p.detach().clone() for k, p in fused.model.named_parameters()}
     for step in (1, 2, 3):
         for engine in (fused, plain):

@@ -22,11 +22,25 @@ SCRIPT = str(REPO / "tests" / "trainer" / "fsdp_check.py")
 def run(out: Path, nproc: int, parallel: str, first: int, last: int, resume: Path | None = None) -> None:
     out.mkdir()
     args = [SCRIPT, str(out), parallel, str(first), str(last), *([str(resume)] if resume else [])]
-    cmd = [sys.executable, *args] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-        "--master-port", str(free_port()), *args]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env=subprocess_env(OMP_NUM_THREADS="1"))
+    cmd = (
+        [sys.executable, *args]
+        if nproc == 1
+        else [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(nproc),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            *args,
+        ]
+    )
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=subprocess_env(OMP_NUM_THREADS="1")
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
@@ -63,6 +77,9 @@ def test_fsdp_matches_one_process_checkpoints_in_hf_layout_and_resumes(tmp_path:
 
     # resume restores the AdamW moments: step 4 lands where the uninterrupted run's step 4 did
     # (a fresh optimiser would move every weight by about lr = 1e-3 instead)
-    w4, r4 = load_file(str(one / "weights-4.safetensors")), load_file(str(tmp_path / "resumed" / "weights-4.safetensors"))
+    w4, r4 = (
+        load_file(str(one / "weights-4.safetensors")),
+        load_file(str(tmp_path / "resumed" / "weights-4.safetensors")),
+    )
     assert max_diff(w4, w3) > 1e-4
     assert max_diff(r4, w4) < 2e-6

@@ -40,8 +40,16 @@ class Dead:
         self.letters: list[tuple[Any, ...]] = []
         self.count = 0
 
-    def publish(self, topic: str, partition: int, offset: int, key: bytes | None, raw: bytes, error: str,
-                on_delivery: Any = None) -> None:
+    def publish(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        raw: bytes,
+        error: str,
+        on_delivery: Any = None,
+    ) -> None:
         self.letters.append((topic, partition, offset, raw, error))
 
     def publish_message(self, msg: Any, error: str, on_delivery: Any = None) -> None:
@@ -74,7 +82,9 @@ def test_a_bad_item_is_dead_lettered_alone_and_the_rest_of_the_batch_kept() -> N
     taker, dead = intake()
     group = make_group("solver", "t2", size=4)
     items = [encode(s) for s in group]
-    items[1] = msgpack.packb({**msgpack.unpackb(items[1], raw=False), "reward": float("nan")}, use_bin_type=True)
+    items[1] = msgpack.packb(
+        {**msgpack.unpackb(items[1], raw=False), "reward": float("nan")}, use_bin_type=True
+    )
     items[2] = encode(replace(group[2], group_id="other#0"))  # not the batch's group
     items.append(encode(replace(group[3], policy="verifier", traj_id="t2#0#9")))  # not the batch's policy
     batch = SampleBatch(group_id=group[0].group_id, policy="solver", items=items)

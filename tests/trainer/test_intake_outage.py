@@ -18,8 +18,12 @@ from trainer.intake import SampleIntake
 class _Metadata:
     """A consumer whose `list_topics` raises `error`, or answers with `partitions` (and `topic_error`)."""
 
-    def __init__(self, error: KafkaError | None = None, partitions: tuple[int, ...] = (0, 1),
-                 topic_error: KafkaError | None = None) -> None:
+    def __init__(
+        self,
+        error: KafkaError | None = None,
+        partitions: tuple[int, ...] = (0, 1),
+        topic_error: KafkaError | None = None,
+    ) -> None:
         self.error, self.partitions, self.topic_error = error, partitions, topic_error
         self.assigned: list[Any] = []
 
@@ -38,7 +42,11 @@ def intake(consumer: _Metadata) -> Any:
 
 
 def test_a_broker_that_cannot_answer_is_asked_again_later(caplog: pytest.LogCaptureFixture) -> None:
-    me = intake(_Metadata(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata: Local: Broker transport failure")))
+    me = intake(
+        _Metadata(
+            KafkaError(KafkaError._TRANSPORT, "Failed to get metadata: Local: Broker transport failure")
+        )
+    )
     with caplog.at_level(logging.WARNING, logger="trainer.intake"):
         SampleIntake.grow_partitions(me)  # type: ignore[arg-type]
     assert me.partitions == [0] and me.partition_check > 0
@@ -54,8 +62,11 @@ def test_a_broker_that_cannot_answer_is_asked_again_later(caplog: pytest.LogCapt
 @pytest.mark.parametrize("how", ["raised", "in metadata", "fatal"])
 def test_a_denied_topic_or_a_fatal_error_raises(how: str) -> None:
     denied = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)
-    consumer = {"raised": lambda: _Metadata(denied), "in metadata": lambda: _Metadata(topic_error=denied),
-                "fatal": lambda: _Metadata(KafkaError(KafkaError._FATAL, "fenced", fatal=True))}[how]()
+    consumer = {
+        "raised": lambda: _Metadata(denied),
+        "in metadata": lambda: _Metadata(topic_error=denied),
+        "fatal": lambda: _Metadata(KafkaError(KafkaError._FATAL, "fenced", fatal=True)),
+    }[how]()
     with pytest.raises(KafkaReadError, match="ns.samples.p"):
         SampleIntake.grow_partitions(intake(consumer))  # type: ignore[arg-type]
 

@@ -38,16 +38,21 @@ def test_symmetric_clip_golden_values_and_gradients() -> None:
     loss, clipped, w = clipped_pg_loss(T([[-1.0, -0.5, -1.0]]), behaviour, adv, clip_low=0.2, clip_high=0.2)
     assert loss.tolist()[0] == pytest.approx([-1.2, 0.8, -0.5])
     assert clipped.tolist() == [[True, True, False]] and w.tolist() == [[1.0, 1.0, 1.0]]
-    value, grad = _grad(lambda lp: aggregate(clipped_pg_loss(lp, behaviour, adv, clip_low=0.2, clip_high=0.2)[0],
-                                             torch.ones(1, 3), "token"), T([[-1.0, -0.5, -1.0]]))
+    value, grad = _grad(
+        lambda lp: aggregate(
+            clipped_pg_loss(lp, behaviour, adv, clip_low=0.2, clip_high=0.2)[0], torch.ones(1, 3), "token"
+        ),
+        T([[-1.0, -0.5, -1.0]]),
+    )
     assert value == pytest.approx((-1.2 + 0.8 - 0.5) / 3)
     assert grad[0] == pytest.approx([0.0, 0.0, -0.5 / 3])  # clipped tokens get no gradient
 
 
 def test_clip_high_lets_positive_advantages_move_further() -> None:
     # ratio 1.2214 is inside [0.8, 1.28]: not clipped, gradient -A * ratio / N
-    value, grad = _grad(lambda lp: clipped_pg_loss(lp, T([-1.2]), T([1.0]), clip_low=0.2, clip_high=0.28)[0].sum(),
-                        T([-1.0]))
+    value, grad = _grad(
+        lambda lp: clipped_pg_loss(lp, T([-1.2]), T([1.0]), clip_low=0.2, clip_high=0.28)[0].sum(), T([-1.0])
+    )
     assert value == pytest.approx(-math.exp(0.2)) and grad == pytest.approx([-math.exp(0.2)])
 
 
@@ -58,22 +63,29 @@ def test_dual_clip_bounds_negative_advantages_only() -> None:
     assert plain.tolist() == pytest.approx([math.exp(2.0), -1.28]) and clipped.tolist() == [False, True]
     dual, clipped, _ = clipped_pg_loss(logp, behaviour, adv, clip_low=0.2, clip_high=0.28, dual_clip=3.0)
     assert dual.tolist() == pytest.approx([3.0, -1.28]) and clipped.tolist() == [True, True]
-    _, grad = _grad(lambda lp: clipped_pg_loss(lp, behaviour, adv, clip_low=0.2, clip_high=0.28,
-                                               dual_clip=3.0)[0].sum(), logp)
+    _, grad = _grad(
+        lambda lp: clipped_pg_loss(lp, behaviour, adv, clip_low=0.2, clip_high=0.28, dual_clip=3.0)[0].sum(),
+        logp,
+    )
     assert grad == [0.0, 0.0]
 
 
 def test_truncated_importance_sampling_weights_and_gradient() -> None:
     # mu = e^-2, pi = e^-1: weight pi/mu = e = 2.718, truncated to 2; the ratio itself is 1
     for cap, weight in ((2.0, 2.0), (5.0, math.e)):
-        value, grad = _grad(lambda lp, c=cap: clipped_pg_loss(lp, T([-2.0]), T([1.0]), clip_low=0.2, clip_high=0.2,
-                                                             tis_cap=c)[0].sum(), T([-1.0]))
+        value, grad = _grad(
+            lambda lp, c=cap: clipped_pg_loss(
+                lp, T([-2.0]), T([1.0]), clip_low=0.2, clip_high=0.2, tis_cap=c
+            )[0].sum(),
+            T([-1.0]),
+        )
         assert value == pytest.approx(-weight) and grad == pytest.approx([-weight])
 
 
 def test_k3_kl_golden_values() -> None:
     assert kl_k3(T([-1.0, -2.0, -0.7]), T([-2.0, -1.0, -0.7])).tolist() == pytest.approx(
-        [math.exp(-1) + 1 - 1, math.e - 1 - 1, 0.0])
+        [math.exp(-1) + 1 - 1, math.e - 1 - 1, 0.0]
+    )
 
 
 def test_token_and_sequence_aggregation() -> None:
@@ -134,22 +146,33 @@ AGG_TOKENS = T([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [9.0, 9.0, 9.0]])
 AGG_MASK = T([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
 
 
-@pytest.mark.parametrize(("mode", "value", "grad"), [
-    # 3 loss tokens (1, 2 | 4) in 2 sequences; row 2 has none and counts for nothing
-    ("token-mean", 7 / 3, [[1 / 3, 1 / 3, 0], [1 / 3, 0, 0], [0, 0, 0]]),
-    ("seq-mean-token-mean", (1.5 + 4.0) / 2, [[1 / 4, 1 / 4, 0], [1 / 2, 0, 0], [0, 0, 0]]),
-    ("seq-mean-token-sum", (3.0 + 4.0) / 2, [[1 / 2, 1 / 2, 0], [1 / 2, 0, 0], [0, 0, 0]]),
-    ("constant", 7.0 / (2 * 4), [[1 / 8, 1 / 8, 0], [1 / 8, 0, 0], [0, 0, 0]]),  # 2 sequences x norm_length 4
-])
-def test_aggregation_modes_golden_values_gradients_and_split_sums(mode: str, value: float, grad: list) -> None:
+@pytest.mark.parametrize(
+    ("mode", "value", "grad"),
+    [
+        # 3 loss tokens (1, 2 | 4) in 2 sequences; row 2 has none and counts for nothing
+        ("token-mean", 7 / 3, [[1 / 3, 1 / 3, 0], [1 / 3, 0, 0], [0, 0, 0]]),
+        ("seq-mean-token-mean", (1.5 + 4.0) / 2, [[1 / 4, 1 / 4, 0], [1 / 2, 0, 0], [0, 0, 0]]),
+        ("seq-mean-token-sum", (3.0 + 4.0) / 2, [[1 / 2, 1 / 2, 0], [1 / 2, 0, 0], [0, 0, 0]]),
+        (
+            "constant",
+            7.0 / (2 * 4),
+            [[1 / 8, 1 / 8, 0], [1 / 8, 0, 0], [0, 0, 0]],
+        ),  # 2 sequences x norm_length 4
+    ],
+)
+def test_aggregation_modes_golden_values_gradients_and_split_sums(
+    mode: str, value: float, grad: list
+) -> None:
     x = AGG_TOKENS.clone().requires_grad_(True)
     out = aggregate(x, AGG_MASK, mode, norm_length=4)
     out.backward()
     assert float(out.detach()) == pytest.approx(value)
     assert x.grad.tolist() == [pytest.approx(row) for row in grad]
     # micro-batches (or ranks) given the batch-wide denominators add up to the whole
-    parts = [aggregate(AGG_TOKENS[i:j], AGG_MASK[i:j], mode, num_tokens=3.0, num_seqs=2.0, norm_length=4)
-             for i, j in ((0, 1), (1, 3))]
+    parts = [
+        aggregate(AGG_TOKENS[i:j], AGG_MASK[i:j], mode, num_tokens=3.0, num_seqs=2.0, norm_length=4)
+        for i, j in ((0, 1), (1, 3))
+    ]
     assert float(sum(parts)) == pytest.approx(value)
 
 
@@ -165,24 +188,46 @@ def test_aggregation_old_names_junk_off_the_mask_and_a_missing_norm_length() -> 
 
 # ---------------------------------------------------------------- log-ratio clamp
 
+
 def test_a_log_ratio_of_100_overflows_without_the_clamp_and_not_with_it() -> None:
     logp, behaviour, adv = T([0.0]), T([-100.0]), T([-1.0])  # ratio e^100 > float32's max (3.4e38)
-    value, grad = _grad(lambda lp: clipped_pg_loss(lp, behaviour, adv, clip_low=0.2, clip_high=0.28,
-                                                   log_ratio_clamp=1000.0)[0].sum(), logp)
+    value, grad = _grad(
+        lambda lp: clipped_pg_loss(lp, behaviour, adv, clip_low=0.2, clip_high=0.28, log_ratio_clamp=1000.0)[
+            0
+        ].sum(),
+        logp,
+    )
     assert math.isinf(value) and not all(math.isfinite(g) for g in grad)
-    value, grad = _grad(lambda lp: clipped_pg_loss(lp, behaviour, adv, clip_low=0.2, clip_high=0.28,
-                                                   log_ratio_clamp=20.0)[0].sum(), logp)
+    value, grad = _grad(
+        lambda lp: clipped_pg_loss(lp, behaviour, adv, clip_low=0.2, clip_high=0.28, log_ratio_clamp=20.0)[
+            0
+        ].sum(),
+        logp,
+    )
     assert value == pytest.approx(math.exp(20.0), rel=1e-6) and grad == [0.0]  # past the clamp: no gradient
     # inside the clamp nothing changes: ratio e^10, gradient -A * ratio
-    value, grad = _grad(lambda lp: clipped_pg_loss(lp, T([-10.0]), adv, clip_low=0.2, clip_high=0.28)[0].sum(), logp)
-    assert value == pytest.approx(math.exp(10.0), rel=1e-6) and grad == pytest.approx([math.exp(10.0)], rel=1e-6)
+    value, grad = _grad(
+        lambda lp: clipped_pg_loss(lp, T([-10.0]), adv, clip_low=0.2, clip_high=0.28)[0].sum(), logp
+    )
+    assert value == pytest.approx(math.exp(10.0), rel=1e-6) and grad == pytest.approx(
+        [math.exp(10.0)], rel=1e-6
+    )
 
 
-@pytest.mark.parametrize("settings", [
-    LossSettings(), LossSettings(tis_cap=2.0), LossSettings(dual_clip=3.0), LossSettings(policy_loss="gspo"),
-    LossSettings(policy_loss="cispo"), LossSettings(policy_loss="m2po", m2_threshold=1e6),
-    LossSettings(kl_coef=0.1, kl_estimator="k3"), LossSettings(kl_coef=0.1, kl_estimator="k2", kl_in="reward"),
-], ids=lambda s: f"{s.policy_loss}-tis{s.tis_cap}-dual{s.dual_clip}-kl{s.kl_estimator}{s.kl_in}{s.kl_coef}")
+@pytest.mark.parametrize(
+    "settings",
+    [
+        LossSettings(),
+        LossSettings(tis_cap=2.0),
+        LossSettings(dual_clip=3.0),
+        LossSettings(policy_loss="gspo"),
+        LossSettings(policy_loss="cispo"),
+        LossSettings(policy_loss="m2po", m2_threshold=1e6),
+        LossSettings(kl_coef=0.1, kl_estimator="k3"),
+        LossSettings(kl_coef=0.1, kl_estimator="k2", kl_in="reward"),
+    ],
+    ids=lambda s: f"{s.policy_loss}-tis{s.tis_cap}-dual{s.dual_clip}-kl{s.kl_estimator}{s.kl_in}{s.kl_coef}",
+)
 def test_every_loss_is_finite_at_a_log_ratio_of_100(settings: LossSettings) -> None:
     logp = T([[0.0, -1.0, -100.0]]).requires_grad_(True)
     behaviour, ref = T([[-100.0, 100.0, -1.0]]), T([[-100.0, 50.0, 0.0]])  # log-ratios +-100 to mu and to ref
@@ -194,6 +239,7 @@ def test_every_loss_is_finite_at_a_log_ratio_of_100(settings: LossSettings) -> N
 
 
 # ---------------------------------------------------------------- KL estimators
+
 
 def test_kl_estimators_golden_values_and_gradients() -> None:
     # d = log pi - log ref = 1 and -1
@@ -230,11 +276,14 @@ def test_what_each_kl_estimator_differentiates_to_in_expectation() -> None:
     assert not torch.allclose(forward, reverse, atol=1e-3)
     torch.testing.assert_close(expected_grad("k3"), reverse)  # k3 in the loss: the *reverse* KL
     torch.testing.assert_close(expected_grad("k2"), forward)  # k2 in the loss: KL(pi || ref)
-    torch.testing.assert_close(expected_grad("k1"), torch.zeros(3), atol=1e-7, rtol=0)  # k1 in the loss: nothing
+    torch.testing.assert_close(
+        expected_grad("k1"), torch.zeros(3), atol=1e-7, rtol=0
+    )  # k1 in the loss: nothing
     # k1 in the reward: the on-policy surrogate with advantage -d (detached) has the gradient of KL(pi || ref)
     logp = torch.log_softmax(theta, -1)
-    per_token, _, _ = clipped_pg_loss(logp, logp.detach(), -kl_estimate(logp, ref, "k1").detach(),
-                                      clip_low=0.2, clip_high=0.2)
+    per_token, _, _ = clipped_pg_loss(
+        logp, logp.detach(), -kl_estimate(logp, ref, "k1").detach(), clip_low=0.2, clip_high=0.2
+    )
     (g,) = torch.autograd.grad((logp.exp().detach() * per_token).sum(), theta)
     torch.testing.assert_close(g, forward)
 
@@ -244,8 +293,10 @@ def test_kl_in_the_reward_moves_into_the_advantages() -> None:
     for est, kl in (("k1", 1.0), ("k3", math.exp(-1))):
         settings = LossSettings(kl_coef=0.1, kl_estimator=est, kl_in="reward")  # type: ignore[arg-type]
         # on-policy (ratio 1): loss = -(A - 0.1 * kl) and so is its gradient; nothing flows through the KL
-        value, grad = _grad(lambda lp, s=settings: policy_loss(lp, lp.detach(), T([[1.0]]), T([[1]]), s,
-                                                               ref_logp=ref)[0], logp)
+        value, grad = _grad(
+            lambda lp, s=settings: policy_loss(lp, lp.detach(), T([[1.0]]), T([[1]]), s, ref_logp=ref)[0],
+            logp,
+        )
         assert value == pytest.approx(-(1.0 - 0.1 * kl)) and grad == [pytest.approx([-(1.0 - 0.1 * kl)])]
         in_loss = LossSettings(kl_coef=0.1, kl_estimator=est, kl_in="loss")  # type: ignore[arg-type]
         _, stats = policy_loss(logp, logp, T([[1.0]]), T([[1]]), in_loss, ref_logp=ref)
@@ -253,6 +304,7 @@ def test_kl_in_the_reward_moves_into_the_advantages() -> None:
 
 
 # ---------------------------------------------------------------- GSPO, CISPO, M2PO
+
 
 def test_gspo_one_clipped_ratio_per_sequence() -> None:
     # row 0: log-ratios 0.2, -0.4 -> s = e^-0.1 = 0.905, inside [0.8, 1.2]; its third token is off the mask
@@ -265,12 +317,18 @@ def test_gspo_one_clipped_ratio_per_sequence() -> None:
     assert loss[:, :2].tolist() == [pytest.approx([-math.exp(-0.1)] * 2), pytest.approx([-1.2, -1.2])]
     assert clipped[:, :2].tolist() == [[False, False], [True, True]]
     # seq-mean-token-mean: d/d logp_t = -A * s / |y| on the unclipped sequence, 0 on the clipped one
-    _, grad = _grad(lambda lp: aggregate(gspo_loss(lp, behaviour, adv, mask, clip_low=0.2, clip_high=0.2)[0],
-                                         mask, "seq-mean-token-mean"), logp)
+    _, grad = _grad(
+        lambda lp: aggregate(
+            gspo_loss(lp, behaviour, adv, mask, clip_low=0.2, clip_high=0.2)[0], mask, "seq-mean-token-mean"
+        ),
+        logp,
+    )
     assert grad == [pytest.approx([-math.exp(-0.1) / 4] * 2 + [0.0]), [0.0, 0.0, 0.0]]
     # a negative advantage is not clipped above: loss -A * s, gradient -A * s per token
-    value, grad = _grad(lambda lp: gspo_loss(lp, behaviour[1:], -adv[1:], mask[1:], clip_low=0.2,
-                                             clip_high=0.2)[0].sum(), logp[1:])
+    value, grad = _grad(
+        lambda lp: gspo_loss(lp, behaviour[1:], -adv[1:], mask[1:], clip_low=0.2, clip_high=0.2)[0].sum(),
+        logp[1:],
+    )
     assert value == pytest.approx(2 * math.exp(0.5)) and grad[0][:2] == pytest.approx([math.exp(0.5)] * 2)
 
 
@@ -280,8 +338,10 @@ def test_gspo_gradient_is_the_papers_sequence_objective() -> None:
     mask = T([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [0, 1, 1, 1, 0]])
     adv = T([[0.7], [-1.3], [0.4]]).expand(3, 5)
     wide = dict(clip_low=0.99, clip_high=1e3)  # nothing clipped: compare the plain objectives
-    _, ours = _grad(lambda lp: aggregate(gspo_loss(lp, behaviour, adv, mask, **wide)[0], mask, "seq-mean-token-mean"),
-                    logp)
+    _, ours = _grad(
+        lambda lp: aggregate(gspo_loss(lp, behaviour, adv, mask, **wide)[0], mask, "seq-mean-token-mean"),
+        logp,
+    )
 
     def paper(lp: torch.Tensor) -> torch.Tensor:  # -1/G sum_i A_i exp(mean_t log pi / mu)
         s = torch.exp(((lp - behaviour) * mask).sum(-1) / mask.sum(-1))

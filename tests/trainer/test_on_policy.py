@@ -18,8 +18,14 @@ from trainer.engine import Engine, Rows
 from workers.engines.base import GenResult, SamplingParams
 from workers.engines.torch_engine import TorchEngine
 
-SPEC = ModelSpec(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64,
-                 max_position_embeddings=128)
+SPEC = ModelSpec(
+    hidden_size=32,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    intermediate_size=64,
+    max_position_embeddings=128,
+)
 PROMPTS = [[1] + list(range(5, 5 + n)) for n in (1, 3, 6, 9, 2, 12)]
 
 
@@ -34,8 +40,9 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def generate(checkpoint: Path, sampling: SamplingSettings) -> list[GenResult]:
     async def main() -> list[GenResult]:
         engine = TorchEngine("p", str(checkpoint), seed=11)
-        params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                                max_tokens=20)
+        params = SamplingParams(
+            temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, max_tokens=20
+        )
         try:  # the prompts share waves, so rows are left-padded and decoded from a KV cache
             return list(await asyncio.gather(*(engine.generate(p, params) for p in PROMPTS)))
         finally:
@@ -107,8 +114,9 @@ def test_a_token_outside_the_current_nucleus_is_masked_and_counted(checkpoint: P
     ("weights_dtype", "score_published", "exact"),
     [("float32", True, True), ("bfloat16", True, True), ("bfloat16", False, False)],
 )
-def test_published_weights_are_the_ones_scored(checkpoint: Path, weights_dtype: str, score_published: bool,
-                                               exact: bool) -> None:
+def test_published_weights_are_the_ones_scored(
+    checkpoint: Path, weights_dtype: str, score_published: bool, exact: bool
+) -> None:
     """After training, the workers run the *published* weights (rounded to trainer.weights_dtype).
     The trainer scores with those values (score_published_weights), so the ratio stays 1; scoring
     with the float32 master weights instead, bfloat16 rounding alone moves on-policy log-probs by

@@ -22,7 +22,8 @@ def test_gaps_are_where_the_low_watermark_passed_the_checkpoint() -> None:
     assert retention.gaps({}, lows) == {}
     assert retention.describe("ns.samples.solver", {1: (50, 80), 4: (0, 2)}) == (
         "ns.samples.solver: 32 samples past the checkpoint were deleted by retention before this trainer "
-        "read them (partition 1: offsets 50..79, partition 4: offsets 0..1); it resumes at the earliest offsets left")
+        "read them (partition 1: offsets 50..79, partition 4: offsets 0..1); it resumes at the earliest offsets left"
+    )
 
 
 class _Watermarks:
@@ -34,8 +35,12 @@ class _Watermarks:
 
 
 def test_the_trainer_warns_and_counts_at_setup(caplog: pytest.LogCaptureFixture) -> None:
-    me = SimpleNamespace(consumer=_Watermarks({0: 10, 1: 3}), topic="samples.p", partitions=[0, 1],
-                         buffer=SimpleNamespace(counts=Counter({"samples.lost_to_retention": 5})))
+    me = SimpleNamespace(
+        consumer=_Watermarks({0: 10, 1: 3}),
+        topic="samples.p",
+        partitions=[0, 1],
+        buffer=SimpleNamespace(counts=Counter({"samples.lost_to_retention": 5})),
+    )
     with caplog.at_level(logging.WARNING, logger="trainer.intake"):
         SampleIntake.check_retention(me, {0: 4, 1: 3})  # type: ignore[arg-type]
     assert me.buffer.counts["samples.lost_to_retention"] == 11  # a running total across restarts

@@ -32,9 +32,24 @@ def write_recipe(path: Path, r: Recipe) -> Path:
 
 def start(recipe_file: Path, run_dir: Path, policy: str = "p") -> subprocess.Popen[str]:
     log = open(run_dir.parent / f"{run_dir.name}-{policy}-{time.time_ns()}.log", "w")  # noqa: SIM115
-    return subprocess.Popen([sys.executable, "-m", "astraflow.cli", "trainer", "--recipe", str(recipe_file),
-                             "--policy", policy, "--run-dir", str(run_dir)],
-                            stdout=log, stderr=subprocess.STDOUT, text=True, env=subprocess_env())
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "astraflow.cli",
+            "trainer",
+            "--recipe",
+            str(recipe_file),
+            "--policy",
+            policy,
+            "--run-dir",
+            str(run_dir),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=subprocess_env(),
+    )
 
 
 def ledger(run_dir: Path, policy: str = "p") -> list[dict]:
@@ -58,12 +73,17 @@ def checkpoints(run_dir: Path, policy: str = "p") -> list[int]:
     return sorted(int(p.name.split("-")[1]) for p in root.glob("step-*")) if root.exists() else []
 
 
-def test_sigkill_between_checkpoints_then_restart_trains_every_group_once(kafka: KafkaSettings, topics,  # type: ignore[no-untyped-def]
-                                                                         tmp_path: Path) -> None:
+def test_sigkill_between_checkpoints_then_restart_trains_every_group_once(
+    kafka: KafkaSettings,
+    topics,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
     topics(["p"])
     groups = {f"g{i:02d}": make_group("p", f"g{i:02d}", seed=i) for i in range(20)}
     run_dir = tmp_path / "run"
-    rfile = write_recipe(tmp_path / "r.yaml", recipe(kafka, batch_groups=2, publish_every=2, keep_checkpoints=5))
+    rfile = write_recipe(
+        tmp_path / "r.yaml", recipe(kafka, batch_groups=2, publish_every=2, keep_checkpoints=5)
+    )
     # wave 1: ten complete groups (five steps; checkpoints at 2 and 4) and three half groups that
     # cannot train yet, interleaved so that their samples sit between trained ones in every partition
     half = ["g10", "g11", "g12"]
@@ -90,8 +110,9 @@ def test_sigkill_between_checkpoints_then_restart_trains_every_group_once(kafka:
         wave2 += [s for i in range(13, 20) for s in groups[f"g{i:02d}"]] + groups["g00"] + groups["g08"]
         produce(kafka, wave2, "p")
         proc = start(rfile, run_dir)
-        wait_for(lambda: sum(len(x["groups"]) for x in ledger(run_dir)) >= 20, 120, "all 20 groups", 0.1,
-                 proc)
+        wait_for(
+            lambda: sum(len(x["groups"]) for x in ledger(run_dir)) >= 20, 120, "all 20 groups", 0.1, proc
+        )
         time.sleep(1.0)  # give a wrongly re-trained duplicate the chance to show up
         stop(proc)
     finally:
@@ -114,18 +135,26 @@ def test_sigkill_between_checkpoints_then_restart_trains_every_group_once(kafka:
 
 
 def test_sigkill_after_publications_past_the_checkpoint_loses_those_versions_not_their_numbers(  # type: ignore[no-untyped-def]
-        kafka: KafkaSettings, topics, tmp_path: Path) -> None:
+    kafka: KafkaSettings, topics, tmp_path: Path
+) -> None:
     """Checkpoints every 4 steps, a version every step: killed after step 6, the trainer resumes at
     step 4. Versions 5 and 6 were announced (workers may hold them), so their numbers are never
     reused: the resumed weights become version 7, and samples rolled out with 5 or 6 are stale."""
     topics(["p"])
     run_dir = tmp_path / "run"
     rfile = write_recipe(tmp_path / "r.yaml", recipe(kafka, batch_groups=1, checkpoint_every=4))
-    produce(kafka, [s for i in range(6) for s in make_group("p", f"a{i}", version=i, seed=i)], "p", partition=0)
+    produce(
+        kafka, [s for i in range(6) for s in make_group("p", f"a{i}", version=i, seed=i)], "p", partition=0
+    )
     proc = start(rfile, run_dir)
     try:
-        wait_for(lambda: any(e.version == 6 for e in read_now(kafka, "weights", WeightVersion)), 120,
-                 "version 6", 0.1, proc)
+        wait_for(
+            lambda: any(e.version == 6 for e in read_now(kafka, "weights", WeightVersion)),
+            120,
+            "version 6",
+            0.1,
+            proc,
+        )
         assert checkpoints(run_dir) == [4]
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(30) == -signal.SIGKILL
@@ -144,8 +173,9 @@ def test_sigkill_after_publications_past_the_checkpoint_loses_those_versions_not
     after = read_now(kafka, "weights", WeightVersion)
     shas = {}
     for e in before + after:  # one version number, one set of weights
-        assert shas.setdefault(e.version, e.snapshot_sha256 if e.delta_sha256 is None else e.delta_sha256) == \
-            (e.snapshot_sha256 if e.delta_sha256 is None else e.delta_sha256), e.version
+        assert shas.setdefault(
+            e.version, e.snapshot_sha256 if e.delta_sha256 is None else e.delta_sha256
+        ) == (e.snapshot_sha256 if e.delta_sha256 is None else e.delta_sha256), e.version
     assert [e.version for e in after if e.version > 6][0] == 7
     v4, v7 = (fetch_weights(next(e for e in after if e.version == v), None) for v in (4, 7))
     assert all(v4.state[k].equal(v7.state[k]) for k in v4.state)  # 7 is the checkpoint's weights
@@ -154,13 +184,19 @@ def test_sigkill_after_publications_past_the_checkpoint_loses_those_versions_not
     dropped = {g for x in lines if not x["trained"] for g in x["groups"]}
     assert {f"a{i}#0" for i in range(5)} | {"n0#0", "n1#0", "n2#0"} <= trained
     assert {"a5#0", "b5#0", "b6#0"} <= dropped and not dropped & trained, (trained, dropped)
-    final = json.loads((run_dir / "trainer/p/checkpoints" / f"step-{checkpoints(run_dir)[-1]:08d}"
-                        / "trainer_state.json").read_text())
+    final = json.loads(
+        (
+            run_dir / "trainer/p/checkpoints" / f"step-{checkpoints(run_dir)[-1]:08d}" / "trainer_state.json"
+        ).read_text()
+    )
     assert final["buffer"]["lost"] == [[4, 6]]
 
 
-def test_lockstep_policies_never_run_more_than_one_version_apart(kafka: KafkaSettings, topics,  # type: ignore[no-untyped-def]
-                                                                 tmp_path: Path) -> None:
+def test_lockstep_policies_never_run_more_than_one_version_apart(
+    kafka: KafkaSettings,
+    topics,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
     topics(["a", "b"])
     for policy in ("a", "b"):
         produce(kafka, [s for i in range(8) for s in make_group(policy, f"{policy}{i}", seed=i)], policy)
@@ -171,8 +207,13 @@ def test_lockstep_policies_never_run_more_than_one_version_apart(kafka: KafkaSet
     a = start(rfile, run_dir, "a")
     b = None
     try:
-        wait_for(lambda: any(e.policy == "a" for e in read_now(kafka, "weights", WeightVersion)), 120,
-                 "a's version 0", 0.1, a)
+        wait_for(
+            lambda: any(e.policy == "a" for e in read_now(kafka, "weights", WeightVersion)),
+            120,
+            "a's version 0",
+            0.1,
+            a,
+        )
         time.sleep(2.0)
         assert ledger(run_dir, "a") == []  # b has not published version 0: a may not train
         b = start(rfile, run_dir, "b")
@@ -180,9 +221,15 @@ def test_lockstep_policies_never_run_more_than_one_version_apart(kafka: KafkaSet
             wait_for(lambda n=name: len(ledger(run_dir, n)) >= 4, 120, f"{name}'s four steps", 0.1, proc)
         # a step's ledger line is written before its version is published: wait for both version 4s
         for name, proc in (("a", a), ("b", b)):
-            wait_for(lambda n=name: any(e.policy == n and e.version == 4
-                                        for e in read_now(kafka, "weights", WeightVersion)),
-                     120, f"{name}'s version 4", 0.1, proc)
+            wait_for(
+                lambda n=name: any(
+                    e.policy == n and e.version == 4 for e in read_now(kafka, "weights", WeightVersion)
+                ),
+                120,
+                f"{name}'s version 4",
+                0.1,
+                proc,
+            )
         events = read_now(kafka, "weights", WeightVersion)
         latest = {e.policy: e for e in events}
         assert latest["b"].snapshot_uri.startswith("http://127.0.0.1:")  # served by b's trainer

@@ -22,16 +22,25 @@ pytestmark = pytest.mark.broker
 
 
 def ledger(run_dir: Path, policy: str = "p") -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "trainer" / policy / "trained.jsonl").read_text().splitlines()]
+    return [
+        json.loads(line) for line in (run_dir / "trainer" / policy / "trained.jsonl").read_text().splitlines()
+    ]
 
 
-def checkpoint_weights(run_dir: Path, step: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
-    state = load_file(str(run_dir / "trainer" / "p" / "checkpoints" / f"step-{step:08d}" / "model.safetensors"))
+def checkpoint_weights(
+    run_dir: Path, step: int, dtype: torch.dtype = torch.bfloat16
+) -> dict[str, torch.Tensor]:
+    state = load_file(
+        str(run_dir / "trainer" / "p" / "checkpoints" / f"step-{step:08d}" / "model.safetensors")
+    )
     return {k: v.to(dtype) for k, v in state.items()}
 
 
-def test_ten_published_deltas_rebuild_the_trainers_weights_bit_for_bit(kafka: KafkaSettings, topics,  # type: ignore[no-untyped-def]
-                                                                        tmp_path: Path) -> None:
+def test_ten_published_deltas_rebuild_the_trainers_weights_bit_for_bit(
+    kafka: KafkaSettings,
+    topics,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
     topics(["p"])
     produce(kafka, [s for g in range(10) for s in make_group("p", f"task{g}", seed=g)], "p")
     r = recipe(kafka, batch_groups=1, keep_checkpoints=20, snapshot_every=100, lr=1e-3, compress_level=1)
@@ -41,14 +50,18 @@ def test_ten_published_deltas_rebuild_the_trainers_weights_bit_for_bit(kafka: Ka
     assert [e.version for e in events] == list(range(11))  # version 0 at start, then one per step
     assert all(e.snapshot_version == 0 and e.delta_base == e.version - 1 for e in events[1:])
     held = fetch_weights(events[0], None)
-    init = {k: v.to(torch.bfloat16) for k, v in load_file(str(tmp_path / "init" / "p" / "model.safetensors")).items()}
+    init = {
+        k: v.to(torch.bfloat16)
+        for k, v in load_file(str(tmp_path / "init" / "p" / "model.safetensors")).items()
+    }
     assert_bit_identical({k: held.state[k] for k in init}, init)
     rebuilt = fetch_weights(events[10], held)  # the chain of 10 deltas on the version-0 snapshot
     published = checkpoint_weights(tmp_path, 10)  # the float32 master of step 10, as the trainer casts it
     assert_bit_identical({k: rebuilt.state[k] for k in published}, published)
     for v in (3, 7):
-        assert_bit_identical({k: fetch_weights(events[v], held).state[k] for k in published},
-                             checkpoint_weights(tmp_path, v))
+        assert_bit_identical(
+            {k: fetch_weights(events[v], held).state[k] for k in published}, checkpoint_weights(tmp_path, v)
+        )
     changed = [e.changed_fraction for e in events[1:]]
     assert all(0 < c < 1 for c in changed)
     assert sum(e.delta_bytes for e in events[1:]) < 10 * events[0].snapshot_bytes
@@ -56,12 +69,27 @@ def test_ten_published_deltas_rebuild_the_trainers_weights_bit_for_bit(kafka: Ka
     metrics = [m for m in read_now(kafka, "metrics", Metric) if m.component == "trainer"]
     assert [m.step for m in metrics] == list(range(1, 11))
     names = set(metrics[-1].values)
-    for name in ("loss", "loss.pg", "clip_fraction", "entropy", "mismatch.abs", "mismatch.kl", "grad_norm", "lr",
-                 "tokens_per_s", "staleness.lag.0", "staleness.mean", "staleness.dropped", "version"):
+    for name in (
+        "loss",
+        "loss.pg",
+        "clip_fraction",
+        "entropy",
+        "mismatch.abs",
+        "mismatch.kl",
+        "grad_norm",
+        "lr",
+        "tokens_per_s",
+        "staleness.lag.0",
+        "staleness.mean",
+        "staleness.dropped",
+        "version",
+    ):
         assert name in names, name
     assert metrics[-1].values["groups.trained"] == 10 and metrics[-1].values["tokens_per_s"] > 0
     assert metrics[0].values["entropy"] > 1.0  # an untrained model over ~100 tokens is uncertain
-    ledger = [json.loads(line) for line in (tmp_path / "trainer" / "p" / "trained.jsonl").read_text().splitlines()]
+    ledger = [
+        json.loads(line) for line in (tmp_path / "trainer" / "p" / "trained.jsonl").read_text().splitlines()
+    ]
     for m, entry in zip(metrics, ledger, strict=True):  # batch_groups=1: one group per step
         g = int(entry["groups"][0].split("#")[0].removeprefix("task"))
         rewards = [s.reward for s in make_group("p", f"task{g}", seed=g)]
@@ -69,8 +97,11 @@ def test_ten_published_deltas_rebuild_the_trainers_weights_bit_for_bit(kafka: Ka
         assert m.values["reward.success"] == pytest.approx(sum(r >= 1.0 for r in rewards) / len(rewards))
 
 
-def test_a_checkpoint_loads_with_plain_transformers_and_generates(kafka: KafkaSettings, topics,  # type: ignore[no-untyped-def]
-                                                                  tmp_path: Path) -> None:
+def test_a_checkpoint_loads_with_plain_transformers_and_generates(
+    kafka: KafkaSettings,
+    topics,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     topics(["p"])
@@ -84,11 +115,16 @@ def test_a_checkpoint_loads_with_plain_transformers_and_generates(kafka: KafkaSe
     assert out.shape[1] > ids.shape[1] and isinstance(tok.decode(out[0]), str)
     state = json.loads((path / "trainer_state.json").read_text())
     assert state["step"] == 2 and state["version"] == 2 and set(state["buffer"]["offsets"])
-    assert (path / "optimizer.safetensors").exists() and "param_groups" in json.loads((path / "optimizer.json").read_text())
+    assert (path / "optimizer.safetensors").exists() and "param_groups" in json.loads(
+        (path / "optimizer.json").read_text()
+    )
 
 
-def test_bad_records_duplicates_and_stale_samples_are_counted_not_trained(kafka: KafkaSettings, topics,  # type: ignore[no-untyped-def]
-                                                                         tmp_path: Path) -> None:
+def test_bad_records_duplicates_and_stale_samples_are_counted_not_trained(
+    kafka: KafkaSettings,
+    topics,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
     topics(["p", "q"])
     g1, g2, g3 = make_group("p", "g1"), make_group("p", "g2"), make_group("p", "g3")
     g4 = make_group("p", "g4", version=2)
@@ -100,7 +136,11 @@ def test_bad_records_duplicates_and_stale_samples_are_counted_not_trained(kafka:
     assert trainer.run() == 0
     lines = ledger(tmp_path)
     assert [(x["groups"], x["trained"], x["stale"]) for x in lines] == [
-        (["g1#0"], True, 0), (["g2#0"], True, 0), (["g3#0"], False, 4), (["g4#0"], True, 0)]
+        (["g1#0"], True, 0),
+        (["g2#0"], True, 0),
+        (["g3#0"], False, 4),
+        (["g4#0"], True, 0),
+    ]
     counts = trainer.buffer.counts
     assert counts["samples.duplicate"] == 2 and counts["samples.stale"] == 4 and counts["groups.trained"] == 4
     dead = read_now(kafka, "deadletter", DeadLetter)

@@ -24,7 +24,7 @@ class SlowFile(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(BODY) - start))
         self.end_headers()
         for i in range(start, len(BODY), 32 << 10):
-            self.wfile.write(BODY[i:i + (32 << 10)])
+            self.wfile.write(BODY[i : i + (32 << 10)])
             time.sleep(0.02)
 
     def log_message(self, *args: object) -> None:
@@ -39,7 +39,9 @@ def test_workers_sharing_a_cache_all_get_a_file_fetched_at_once(tmp_path: Path) 
         uri = f"http://127.0.0.1:{server.server_address[1]}/w.bin"
         sha = hashlib.sha256(BODY).hexdigest()
         with ThreadPoolExecutor(4) as pool:
-            got = list(pool.map(lambda _: transport.read_verified(uri, sha, tmp_path, size=len(BODY)), range(4)))
+            got = list(
+                pool.map(lambda _: transport.read_verified(uri, sha, tmp_path, size=len(BODY)), range(4))
+            )
     finally:
         server.shutdown()
         server.server_close()

@@ -43,8 +43,18 @@ def _refused_fast(event: WeightVersion, held: HeldWeights | None, match: str) ->
 
 def test_an_event_pointing_at_dev_zero_is_refused(two_versions) -> None:  # type: ignore[no-untyped-def]
     held, event = two_versions
-    _refused_fast(dataclasses.replace(event, snapshot_uri="/dev/zero", delta_uri=None, delta_base=None,
-                                      delta_sha256=None, delta_bytes=None), held, "not a regular file")
+    _refused_fast(
+        dataclasses.replace(
+            event,
+            snapshot_uri="/dev/zero",
+            delta_uri=None,
+            delta_base=None,
+            delta_sha256=None,
+            delta_bytes=None,
+        ),
+        held,
+        "not a regular file",
+    )
     _refused_fast(dataclasses.replace(event, delta_uri="file:///dev/zero"), held, "not a regular file")
 
 
@@ -59,7 +69,9 @@ def test_an_event_pointing_at_a_fifo_is_refused_without_blocking(two_versions, t
 def test_a_file_longer_or_shorter_than_the_event_says_is_refused(two_versions) -> None:  # type: ignore[no-untyped-def]
     held, event = two_versions
     _refused_fast(dataclasses.replace(event, delta_bytes=event.delta_bytes - 10), held, "longer than")
-    _refused_fast(dataclasses.replace(event, snapshot_bytes=event.snapshot_bytes + 10), None, "the event names")
+    _refused_fast(
+        dataclasses.replace(event, snapshot_bytes=event.snapshot_bytes + 10), None, "the event names"
+    )
     _refused_fast(dataclasses.replace(event, snapshot_bytes=0), None, "no snapshot size")
     assert fetch_weights(event, held).version == 1  # the true sizes still load
 
@@ -108,8 +120,12 @@ def hostile_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, type]]
 
 
 @pytest.mark.parametrize("cache", [False, True])
-def test_an_endless_http_body_is_refused_at_the_expected_size(two_versions, hostile_server, tmp_path: Path,  # type: ignore[no-untyped-def]
-                                                               cache: bool) -> None:
+def test_an_endless_http_body_is_refused_at_the_expected_size(
+    two_versions,
+    hostile_server,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+    cache: bool,
+) -> None:
     held, event = two_versions
     url, handler = hostile_server
     handler.sent = 0
@@ -121,6 +137,7 @@ def test_an_endless_http_body_is_refused_at_the_expected_size(two_versions, host
     assert handler.sent < 64 << 20  # it hung up long before the server could send much more
     if cache:
         assert not list(cache_dir.iterdir())  # nothing oversized is kept to resume from
-    bad = dataclasses.replace(event, snapshot_uri=url, delta_uri=None, delta_base=None, delta_sha256=None,
-                              delta_bytes=None)
+    bad = dataclasses.replace(
+        event, snapshot_uri=url, delta_uri=None, delta_base=None, delta_sha256=None, delta_bytes=None
+    )
     _refused_fast(bad, held, "expected; refused")

@@ -64,7 +64,9 @@ def test_a_token_guards_the_server(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         assert transport.read_verified(server.url + "f.bin", sha) == b"weights"
 
 
-def test_the_server_requires_the_token_the_readers_are_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_server_requires_the_token_the_readers_are_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # `astraflow run --secure` hands one ASTRAFLOW_WEIGHTS_TOKEN to trainers (server) and workers (readers)
     (tmp_path / "f.bin").write_bytes(b"weights")
     sha = transport.sha256_of(b"weights")

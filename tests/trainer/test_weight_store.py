@@ -229,7 +229,7 @@ def test_the_files_writer_is_safetensors_for_every_dtype_and_shape() -> None:
         assert back[name].dtype == t.dtype and back[name].shape == t.shape, name
         assert torch.equal(fmt.int_view(back[name].contiguous()), fmt.int_view(t.contiguous())), name
     (n,) = struct.unpack_from("<Q", data)
-    header = json.loads(data[8:8 + n])
+    header = json.loads(data[8 : 8 + n])
     assert n % 8 == 0 and header["__metadata__"] == {"format": fmt.DELTA_FORMAT, "x": "y"}
     for name, t in tensors.items():
         assert header[name]["data_offsets"][0] % t.element_size() == 0, name

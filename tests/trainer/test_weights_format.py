@@ -11,10 +11,14 @@ from astraflow.weights import format as fmt
 
 
 def test_delta_holds_gap_coded_indices_and_raw_values() -> None:
-    old = {"w": torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], dtype=torch.bfloat16),
-           "b": torch.tensor([0.5, 0.25], dtype=torch.bfloat16)}
-    new = {"w": torch.tensor([[1.0, 2.5, 3.0], [4.0, 5.0, -6.0]], dtype=torch.bfloat16),
-           "b": old["b"].clone()}
+    old = {
+        "w": torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], dtype=torch.bfloat16),
+        "b": torch.tensor([0.5, 0.25], dtype=torch.bfloat16),
+    }
+    new = {
+        "w": torch.tensor([[1.0, 2.5, 3.0], [4.0, 5.0, -6.0]], dtype=torch.bfloat16),
+        "b": old["b"].clone(),
+    }
     tensors, changed, total = fmt.diff_states(old, new)
     assert (changed, total) == (2, 8)
     assert set(tensors) == {"w::idx", "w::val"}  # unchanged tensors are not in the delta
@@ -45,7 +49,10 @@ def test_wide_gaps_widen_the_index_dtype() -> None:
 
 
 def test_file_round_trip_with_and_without_zstd() -> None:
-    unique = {"a": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3), "n": torch.tensor([7], dtype=torch.int64)}
+    unique = {
+        "a": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3),
+        "n": torch.tensor([7], dtype=torch.int64),
+    }
     digest = fmt.state_digest(unique)
     snap = fmt.encode_snapshot(unique, {"tied": "a"}, "solver", 3, digest)
     tensors, meta = fmt.decode_file(snap)
@@ -75,13 +82,19 @@ def test_aliases_of_tied_weights_are_found_and_restored() -> None:
     assert full["model.embed"] is full["lm_head"]
 
 
-@pytest.mark.parametrize("bad", [
-    {"x::idx": torch.tensor([9], dtype=torch.int16), "x::val": torch.tensor([1.0])},  # out of range
-    {"x::idx": torch.tensor([1, 0], dtype=torch.int16), "x::val": torch.tensor([1.0, 2.0])},  # repeats index 1
-    {"x::idx": torch.tensor([1], dtype=torch.int16), "x::val": torch.tensor([1.0], dtype=torch.float16)},
-    {"y::idx": torch.tensor([1], dtype=torch.int16), "y::val": torch.tensor([1.0])},  # unknown tensor
-    {"x::idx": torch.tensor([1], dtype=torch.int16)},  # no values
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"x::idx": torch.tensor([9], dtype=torch.int16), "x::val": torch.tensor([1.0])},  # out of range
+        {
+            "x::idx": torch.tensor([1, 0], dtype=torch.int16),
+            "x::val": torch.tensor([1.0, 2.0]),
+        },  # repeats index 1
+        {"x::idx": torch.tensor([1], dtype=torch.int16), "x::val": torch.tensor([1.0], dtype=torch.float16)},
+        {"y::idx": torch.tensor([1], dtype=torch.int16), "y::val": torch.tensor([1.0])},  # unknown tensor
+        {"x::idx": torch.tensor([1], dtype=torch.int16)},  # no values
+    ],
+)
 def test_a_delta_that_does_not_fit_is_rejected(bad: dict[str, torch.Tensor]) -> None:
     with pytest.raises(fmt.FormatError):
         fmt.apply_delta({"x": torch.zeros(4)}, bad)
@@ -116,9 +129,15 @@ def test_the_flat_diff_of_many_tensors_is_the_per_tensor_delta(seed: int) -> Non
     per-tensor one: tensors unchanged, changed in their first or last element only, or entirely,
     of mixed dtypes, with gaps that need int32."""
     gen = torch.Generator().manual_seed(seed)
-    shapes = {"a.bf16": ((64, 33), torch.bfloat16), "b.bf16": ((7,), torch.bfloat16),
-              "c.f32": ((40_000,), torch.float32), "d.f32": ((3, 3), torch.float32),
-              "e.i64": ((5,), torch.int64), "f.f16": ((17, 2), torch.float16), "g.bf16": ((1,), torch.bfloat16)}
+    shapes = {
+        "a.bf16": ((64, 33), torch.bfloat16),
+        "b.bf16": ((7,), torch.bfloat16),
+        "c.f32": ((40_000,), torch.float32),
+        "d.f32": ((3, 3), torch.float32),
+        "e.i64": ((5,), torch.int64),
+        "f.f16": ((17, 2), torch.float16),
+        "g.bf16": ((1,), torch.bfloat16),
+    }
     old = {n: (torch.randn(s, generator=gen) * 10).to(dt) for n, (s, dt) in shapes.items()}
     new = {n: t.clone() for n, t in old.items()}
     for t in new.values():
@@ -136,7 +155,9 @@ def test_the_flat_diff_of_many_tensors_is_the_per_tensor_delta(seed: int) -> Non
     want = _reference_delta(old, new)
     assert set(tensors) == set(want)
     for k in want:
-        assert tensors[k].dtype == want[k].dtype and torch.equal(fmt.int_view(tensors[k]), fmt.int_view(want[k])), k
+        assert tensors[k].dtype == want[k].dtype and torch.equal(
+            fmt.int_view(tensors[k]), fmt.int_view(want[k])
+        ), k
     assert total == sum(t.numel() for t in new.values())
     assert changed == sum(int((fmt.int_view(old[k]) != fmt.int_view(new[k])).sum()) for k in new)
     state = {k: v.clone() for k, v in old.items()}
@@ -156,7 +177,10 @@ def test_a_tensor_changed_in_most_elements_travels_in_full_and_the_delta_stays_b
     """Gaps and values of 60% of a bfloat16 tensor's elements would take 1.2x its bytes: the delta holds
     the tensor in full instead, and a delta of every element of every tensor stays the snapshot's size."""
     gen = torch.Generator().manual_seed(0)
-    old = {"w": torch.randn(256, 64, generator=gen).to(torch.bfloat16), "b": torch.randn(64, generator=gen).to(torch.bfloat16)}
+    old = {
+        "w": torch.randn(256, 64, generator=gen).to(torch.bfloat16),
+        "b": torch.randn(64, generator=gen).to(torch.bfloat16),
+    }
     new = {k: v.clone() for k, v in old.items()}
     new["w"].reshape(-1)[torch.rand(256 * 64, generator=gen) < 0.6] += 1
     new["b"][3] += 1  # one element: by index
@@ -173,12 +197,19 @@ def test_a_tensor_changed_in_most_elements_travels_in_full_and_the_delta_stays_b
     assert len(delta) <= len(snapshot) + 256  # headers differ; the tensors' bytes are the same
 
 
-@pytest.mark.parametrize("bad", [
-    {"x::full": torch.zeros(3)},  # the wrong size
-    {"x::full": torch.zeros(4, dtype=torch.float16)},  # the wrong dtype
-    {"y::full": torch.zeros(4)},  # unknown tensor
-    {"x::full": torch.zeros(4), "x::idx": torch.tensor([1], dtype=torch.int16), "x::val": torch.tensor([1.0])},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"x::full": torch.zeros(3)},  # the wrong size
+        {"x::full": torch.zeros(4, dtype=torch.float16)},  # the wrong dtype
+        {"y::full": torch.zeros(4)},  # unknown tensor
+        {
+            "x::full": torch.zeros(4),
+            "x::idx": torch.tensor([1], dtype=torch.int16),
+            "x::val": torch.tensor([1.0]),
+        },
+    ],
+)
 def test_a_full_tensor_that_does_not_fit_is_rejected(bad: dict[str, torch.Tensor]) -> None:
     state = {"x": torch.ones(4)}
     with pytest.raises(fmt.FormatError):

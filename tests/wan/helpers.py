@@ -44,26 +44,52 @@ class WanSite:
 
     def trainer_settings(self) -> dict[str, Any]:
         """Recipe `trainer:` keys that serve weights to the region (URIs name 127.0.0.1, the proxy there)."""
-        return {"serve_http": True, "http_host": self.region.host_ip, "http_port": self.http_port,
-                "advertise_host": "127.0.0.1"}
+        return {
+            "serve_http": True,
+            "http_host": self.region.host_ip,
+            "http_port": self.http_port,
+            "advertise_host": "127.0.0.1",
+        }
 
     def region_env(self, namespace: str, **extra: str) -> dict[str, str]:
-        return subprocess_env(ASTRAFLOW_BOOTSTRAP=f"127.0.0.1:{self.kafka_port}", ASTRAFLOW_NAMESPACE=namespace,
-                              ASTRAFLOW_REGION=self.region.name, **extra)
+        return subprocess_env(
+            ASTRAFLOW_BOOTSTRAP=f"127.0.0.1:{self.kafka_port}",
+            ASTRAFLOW_NAMESPACE=namespace,
+            ASTRAFLOW_REGION=self.region.name,
+            **extra,
+        )
 
-    def start_worker(self, recipe: Path, run_dir: Path, namespace: str, worker_id: str, log: Path,
-                     wan: bool = True) -> Any:
+    def start_worker(
+        self, recipe: Path, run_dir: Path, namespace: str, worker_id: str, log: Path, wan: bool = True
+    ) -> Any:
         env = self.region_env(namespace, **({"ASTRAFLOW_WAN": "1"} if wan else {}))
-        return self.region.popen([sys.executable, "-m", "astraflow.cli", "worker", "--recipe", str(recipe),
-                                  "--run-dir", str(run_dir), "--region", self.region.name, "--id", worker_id],
-                                 env=env, log=log)
+        return self.region.popen(
+            [
+                sys.executable,
+                "-m",
+                "astraflow.cli",
+                "worker",
+                "--recipe",
+                str(recipe),
+                "--run-dir",
+                str(run_dir),
+                "--region",
+                self.region.name,
+                "--id",
+                worker_id,
+            ],
+            env=env,
+            log=log,
+        )
 
     def link_bytes(self) -> dict[str, dict[str, int]]:
         """Bytes each way through the proxy, for `kafka` and `weights`."""
         routes = read_stats(self.stats)
         k, w = routes[f"127.0.0.1:{self.kafka_port}"], routes[f"127.0.0.1:{self.http_port}"]
-        return {"kafka": {"up": k.bytes_up, "down": k.bytes_down, "connections": k.connections},
-                "weights": {"up": w.bytes_up, "down": w.bytes_down, "connections": w.connections}}
+        return {
+            "kafka": {"up": k.bytes_up, "down": k.bytes_down, "connections": k.connections},
+            "weights": {"up": w.bytes_up, "down": w.bytes_down, "connections": w.connections},
+        }
 
 
 @contextmanager
@@ -73,12 +99,16 @@ def wan_site(region: Region, data_dir: Path) -> Iterator[WanSite]:
     kafka_port = free_port_on(region.host_ip)
     http_port = free_port_on(region.host_ip)
     listener = f"REGION_{region.name.upper()}"
-    state = broker.start(port=0, data_dir=data_dir, listeners={
-        listener: f"{region.host_ip}:{kafka_port}=127.0.0.1:{kafka_port}"})
+    state = broker.start(
+        port=0,
+        data_dir=data_dir,
+        listeners={listener: f"{region.host_ip}:{kafka_port}=127.0.0.1:{kafka_port}"},
+    )
     try:
         stats = data_dir / f"link-{region.name}.json"
-        proxy = region.start_proxy([kafka_port, http_port], stats, log=data_dir / f"link-{region.name}.log",
-                                   env=subprocess_env())
+        proxy = region.start_proxy(
+            [kafka_port, http_port], stats, log=data_dir / f"link-{region.name}.log", env=subprocess_env()
+        )
         try:
             yield WanSite(region, state.bootstrap, kafka_port, http_port, stats)
         finally:
@@ -96,11 +126,17 @@ def worker_metrics(run_dir: Path, worker_id: str) -> list[dict[str, Any]]:
     return [r for r in rows if r.get("component") == "worker" and worker_id in str(r.get("id"))]
 
 
-def reports_after(settings: KafkaSettings, worker_id: str, since: float, timeout: float) -> list[dict[str, Any]]:
+def reports_after(
+    settings: KafkaSettings, worker_id: str, since: float, timeout: float
+) -> list[dict[str, Any]]:
     """A worker's metric reports sent after `since` (wall clock), read from the `metrics` topic itself:
     at least one, unless none came within `timeout`."""
+
     def mine(records: list[Any]) -> list[dict[str, Any]]:
-        return [{"time": r.time, "values": r.values} for r in records
-                if r.component == "worker" and worker_id in r.id and r.time > since]
+        return [
+            {"time": r.time, "values": r.values}
+            for r in records
+            if r.component == "worker" and worker_id in r.id and r.time > since
+        ]
 
     return mine(read_topic(settings, "metrics", until=lambda rs: bool(mine(rs)), timeout=timeout))

@@ -42,15 +42,26 @@ def test_a_regions_workers_train_a_recipe_across_a_slow_link(tmp_path: Path) -> 
             pytest.fail(f"the WAN test needs network namespaces and could not make one: {exc}")
         with wan_site(region, tmp_path / "kafka") as site:
             namespace = f"wan{uuid.uuid4().hex[:8]}"
-            recipe = recipe_copy("arithmetic", tmp_path, model=TINY, worker={"count": 0, "max_episodes": 8},
-                                 trainer={"batch_groups": 2, "snapshot_every": 3, **site.trainer_settings()},
-                                 run={"max_steps": None})
+            recipe = recipe_copy(
+                "arithmetic",
+                tmp_path,
+                model=TINY,
+                worker={"count": 0, "max_episodes": 8},
+                trainer={"batch_groups": 2, "snapshot_every": 3, **site.trainer_settings()},
+                run={"max_steps": None},
+            )
             run_dir = tmp_path / "run"
-            env = site.region_env(namespace) | {"ASTRAFLOW_BOOTSTRAP": site.bootstrap, "ASTRAFLOW_REGION": "local"}
+            env = site.region_env(namespace) | {
+                "ASTRAFLOW_BOOTSTRAP": site.bootstrap,
+                "ASTRAFLOW_REGION": "local",
+            }
             proc = start_run(recipe, run_dir, env, "--workers", "0", "--max-steps", str(STEPS))
             try:
-                wait_for(lambda: (run_dir / "metrics.jsonl").exists() or proc.poll() is not None, 300,
-                         "the run to start")
+                wait_for(
+                    lambda: (run_dir / "metrics.jsonl").exists() or proc.poll() is not None,
+                    300,
+                    "the run to start",
+                )
                 worker = site.start_worker(recipe, run_dir, namespace, "eu-0", tmp_path / "worker-eu.log")
                 out = finish(proc, 420)
                 ended = time.time()
@@ -66,8 +77,9 @@ def test_a_regions_workers_train_a_recipe_across_a_slow_link(tmp_path: Path) -> 
             assert rows and {r["region"] for r in rows} == {"eu"}, rows[-3:]
             # The worker reports every 5 s and the run's collector stops with the run, so its rows may
             # all predate the worker's weight updates: read the worker's first report after the run.
-            later = reports_after(KafkaSettings(bootstrap=site.bootstrap, namespace=namespace), "eu-0",
-                                  ended, timeout=60)
+            later = reports_after(
+                KafkaSettings(bootstrap=site.bootstrap, namespace=namespace), "eu-0", ended, timeout=60
+            )
             assert later, "the region's worker sent no metrics in the 60 s after the run"
             values = later[-1]["values"]
             max_staleness = yaml.safe_load(recipe.read_text())["max_staleness"]

@@ -10,8 +10,14 @@ import pytest
 
 from astraflow.config import ModelSpec, Recipe, validate_model
 
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64,
-        "max_position_embeddings": 128}
+TINY = {
+    "hidden_size": 32,
+    "num_layers": 1,
+    "num_heads": 2,
+    "num_kv_heads": 1,
+    "intermediate_size": 64,
+    "max_position_embeddings": 128,
+}
 
 
 @pytest.fixture(scope="session")

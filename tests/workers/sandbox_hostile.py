@@ -34,7 +34,9 @@ def leak(texts):
 
 CORPUS = [
     # -- forging the verdict ------------------------------------------------------------------
-    Hostile("__eq__ always true", """
+    Hostile(
+        "__eq__ always true",
+        """
 class Anything:
     def __eq__(self, other):
         return True
@@ -42,8 +44,11 @@ class Anything:
         return False
 def f(x):
     return Anything()
-"""),
-    Hostile("__hash__ and __eq__ collide with everything", """
+""",
+    ),
+    Hostile(
+        "__hash__ and __eq__ collide with everything",
+        """
 class Collider:
     def __hash__(self):
         return hash(2)
@@ -51,34 +56,49 @@ class Collider:
         return True
 def f(x):
     return Collider()
-"""),
-    Hostile("int subclass equal to everything", """
+""",
+    ),
+    Hostile(
+        "int subclass equal to everything",
+        """
 class Int(int):
     def __eq__(self, other):
         return True
     __hash__ = int.__hash__
 def f(x):
     return Int(0)
-"""),
-    Hostile("int subclass holding the right value", """
+""",
+    ),
+    Hostile(
+        "int subclass holding the right value",
+        """
 class Int(int):
     pass
 def f(x):
     return Int(x + 1)
-"""),
-    Hostile("str subclass equal to everything", """
+""",
+    ),
+    Hostile(
+        "str subclass equal to everything",
+        """
 class Str(str):
     def __eq__(self, other):
         return True
     __hash__ = str.__hash__
 def f(x):
     return Str('anything')
-"""),
-    Hostile("float and bool standing in for an int", """
+""",
+    ),
+    Hostile(
+        "float and bool standing in for an int",
+        """
 def f(x):
     return float(x + 1) if x > 2 else True
-"""),
-    Hostile("frame walking forges the reporter's call", """
+""",
+    ),
+    Hostile(
+        "frame walking forges the reporter's call",
+        """
 import sys
 def f(x):
     frame = sys._getframe()
@@ -91,8 +111,11 @@ def f(x):
                     fn({'r': 333333})
         frame = frame.f_back
     return None
-"""),
-    Hostile("frame walking looks for the expected outputs", """
+""",
+    ),
+    Hostile(
+        "frame walking looks for the expected outputs",
+        """
 import sys
 def f(x):
     frame = sys._getframe()
@@ -107,8 +130,11 @@ def f(x):
                         return value[0][1]
         frame = frame.f_back
     return None
-"""),
-    Hostile("monkeypatched builtins and json", """
+""",
+    ),
+    Hostile(
+        "monkeypatched builtins and json",
+        """
 import builtins, json
 builtins.type = lambda *a: int
 builtins.isinstance = lambda *a: True
@@ -117,8 +143,11 @@ class Fake:
     pass
 def f(x):
     return Fake()
-"""),
-    Hostile("prints a fake verdict on every descriptor", """
+""",
+    ),
+    Hostile(
+        "prints a fake verdict on every descriptor",
+        """
 import os
 def f(x):
     print('{"passed": 2, "total": 2, "reason": null}')
@@ -128,8 +157,11 @@ def f(x):
         except OSError:
             pass
     return None
-"""),
-    Hostile("floods the result pipe with results", """
+""",
+    ),
+    Hostile(
+        "floods the result pipe with results",
+        """
 import os
 def f(x):
     for fd in range(3, 20):
@@ -138,72 +170,105 @@ def f(x):
         except OSError:
             pass
     return x + 1
-"""),
-    Hostile("sys.exit before the tests", """
+""",
+    ),
+    Hostile(
+        "sys.exit before the tests",
+        """
 import sys
 sys.exit(0)
 def f(x):
     return x + 1
-"""),
-    Hostile("os._exit before the tests", """
+""",
+    ),
+    Hostile(
+        "os._exit before the tests",
+        """
 import os
 os._exit(0)
 def f(x):
     return x + 1
-"""),
-    Hostile("os._exit inside the function", """
+""",
+    ),
+    Hostile(
+        "os._exit inside the function",
+        """
 import os
 def f(x):
     os._exit(0)
-"""),
+""",
+    ),
     # -- escapes ------------------------------------------------------------------------------
-    Hostile("writes outside its directory", """
+    Hostile(
+        "writes outside its directory",
+        """
 def f(x):
     open('OUTSIDE/written.txt', 'w').write('pwned')
     return x + 1
-"""),
-    Hostile("renames a file to an outside path", """
+""",
+    ),
+    Hostile(
+        "renames a file to an outside path",
+        """
 import os
 def f(x):
     open('mine.txt', 'w').write('pwned')
     os.rename('mine.txt', 'OUTSIDE/renamed.txt')
     return x + 1
-"""),
-    Hostile("writes through dir_fd", """
+""",
+    ),
+    Hostile(
+        "writes through dir_fd",
+        """
 import os
 def f(x):
     d = os.open('OUTSIDE', os.O_RDONLY)
     fd = os.open('via_dir_fd.txt', os.O_WRONLY | os.O_CREAT, 0o666, dir_fd=d)
     os.write(fd, b'pwned')
     return x + 1
-"""),
-    Hostile("writes through a symlink", """
+""",
+    ),
+    Hostile(
+        "writes through a symlink",
+        """
 import os
 def f(x):
     os.symlink('OUTSIDE/via_symlink.txt', 'link')
     open('link', 'w').write('pwned')
     return x + 1
-"""),
-    Hostile("writes through a hard link", """
+""",
+    ),
+    Hostile(
+        "writes through a hard link",
+        """
 import os
 def f(x):
     os.link('OUTSIDE/victim.txt', 'hard')
     open('hard', 'a').write('pwned')
     return x + 1
-"""),
-    Hostile("removes and chmods an outside file", """
+""",
+    ),
+    Hostile(
+        "removes and chmods an outside file",
+        """
 import os
 def f(x):
     os.chmod('OUTSIDE/victim.txt', 0o777)
     os.remove('OUTSIDE/victim.txt')
     return x + 1
-"""),
-    Hostile("os.execv a shell", """
+""",
+    ),
+    Hostile(
+        "os.execv a shell",
+        """
 import os
 def f(x):
     os.execv('/bin/sh', ['sh', '-c', 'echo pwned > OUTSIDE/execv.txt'])
-"""),
-    Hostile("_posixsubprocess.fork_exec, imported", """
+""",
+    ),
+    Hostile(
+        "_posixsubprocess.fork_exec, imported",
+        """
 import _posixsubprocess, os, sys
 def f(x):
     for exe in (b'/bin/sh', os.fsencode(sys.executable)):
@@ -213,8 +278,11 @@ def f(x):
                                    *os.pipe(), False, False, -1, None, None, None, -1, None, False)
     import time; time.sleep(0.5)
     return x + 1 if os.path.exists('OUTSIDE/fork_exec.txt') else None
-"""),
-    Hostile("_posixsubprocess.fork_exec, found by the garbage collector", """
+""",
+    ),
+    Hostile(
+        "_posixsubprocess.fork_exec, found by the garbage collector",
+        """
 import gc, os, sys, time
 def f(x):
     hits = [o for o in gc.get_objects() if getattr(o, '__name__', '') == 'fork_exec' and callable(o)]
@@ -232,8 +300,11 @@ def f(x):
             pass
     time.sleep(0.5)
     return x + 1 if os.path.exists('OUTSIDE/gc_fork_exec.txt') else None
-"""),
-    Hostile("subprocess and os.system", """
+""",
+    ),
+    Hostile(
+        "subprocess and os.system",
+        """
 import os, subprocess
 def f(x):
     try:
@@ -241,35 +312,51 @@ def f(x):
     finally:
         subprocess.run(['sh', '-c', 'echo pwned > OUTSIDE/subprocess.txt'])
     return x + 1
-"""),
-    Hostile("ctypes calls libc's system()", """
+""",
+    ),
+    Hostile(
+        "ctypes calls libc's system()",
+        """
 import ctypes
 def f(x):
     ctypes.CDLL(None).system(b'echo pwned > OUTSIDE/ctypes.txt')
     return x + 1
-"""),
-    Hostile("fork bomb", """
+""",
+    ),
+    Hostile(
+        "fork bomb",
+        """
 import os
 def f(x):
     while True:
         os.fork()
-"""),
-    Hostile("TCP connection to the worker's host", """
+""",
+    ),
+    Hostile(
+        "TCP connection to the worker's host",
+        """
 import socket
 def f(x):
     s = socket.create_connection(('127.0.0.1', PORT), timeout=1)
     s.sendall(b'pwned')
     return x + 1
-"""),
-    Hostile("unix socket next to the worker", """
+""",
+    ),
+    Hostile(
+        "unix socket next to the worker",
+        """
 import socket
 def f(x):
     s = socket.socket(socket.AF_UNIX)
     s.connect('UNIX_SOCK')
     s.sendall(b'pwned')
     return x + 1
-"""),
-    Hostile("reads the environment of pid 1, its parent and itself", LEAK + """
+""",
+    ),
+    Hostile(
+        "reads the environment of pid 1, its parent and itself",
+        LEAK
+        + """
 import os
 def f(x):
     texts = [repr(dict(os.environ))]
@@ -281,8 +368,13 @@ def f(x):
                 texts.append(repr(exc))
     leak(texts)
     return None
-""", kernel_only=True),
-    Hostile("walks /proc for any process's secrets", LEAK + """
+""",
+        kernel_only=True,
+    ),
+    Hostile(
+        "walks /proc for any process's secrets",
+        LEAK
+        + """
 import os
 def f(x):
     texts = []
@@ -293,10 +385,17 @@ def f(x):
             pass
     leak(texts)
     return None
-""", kernel_only=True),
-    Hostile("reads a world-readable file of the worker's", LEAK + """
+""",
+        kernel_only=True,
+    ),
+    Hostile(
+        "reads a world-readable file of the worker's",
+        LEAK
+        + """
 def f(x):
     leak([open('OUTSIDE/victim.txt').read()])
     return None
-""", kernel_only=True),
+""",
+        kernel_only=True,
+    ),
 ]

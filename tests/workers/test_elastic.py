@@ -32,9 +32,25 @@ TASKS = FIRST + SECOND
 
 def start_worker(recipe: Path, run_dir: Path, wid: str, log_dir: Path) -> subprocess.Popen[bytes]:
     log = open(log_dir / f"{wid}.log", "wb")  # noqa: SIM115 - the process owns it
-    return subprocess.Popen([sys.executable, "-m", "astraflow.cli", "worker", "--recipe", str(recipe),
-                             "--run-dir", str(run_dir), "--id", wid, "--region", f"r-{wid}"],
-                            stdout=log, stderr=subprocess.STDOUT, env=subprocess_env(ASTRAFLOW_LOG_LEVEL="INFO"))
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "astraflow.cli",
+            "worker",
+            "--recipe",
+            str(recipe),
+            "--run-dir",
+            str(run_dir),
+            "--id",
+            wid,
+            "--region",
+            f"r-{wid}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=subprocess_env(ASTRAFLOW_LOG_LEVEL="INFO"),
+    )
 
 
 def wait_for(kafka: KafkaSettings, cond: Any, timeout: float) -> list[Trajectory]:
@@ -55,10 +71,19 @@ def test_workers_share_join_and_survive_sigkill(kafka: KafkaSettings, topics: An
     # the code environment runs every episode in a sandbox subprocess, and a simulated remote judge
     # adds 2 s: the run cannot finish before the third worker has joined and the kill (72 tasks x 2
     # on at most 12 episodes at a time is at least 24 s of judging)
-    data = {"name": "elastic", "model": dict(TINY), "kafka": kafka.model_dump(exclude_none=True),
-            "feeder": {"env": "code", "group_size": GROUP, "admission": False, "max_tasks": FIRST,
-                       "env_args": {"max_tokens": 16, "judge_latency_s": 2.0}},
-            "worker": {"max_episodes": 4, "metrics_every_s": 1.0, "drain_timeout_s": 20}}
+    data = {
+        "name": "elastic",
+        "model": dict(TINY),
+        "kafka": kafka.model_dump(exclude_none=True),
+        "feeder": {
+            "env": "code",
+            "group_size": GROUP,
+            "admission": False,
+            "max_tasks": FIRST,
+            "env_args": {"max_tokens": 16, "judge_latency_s": 2.0},
+        },
+        "worker": {"max_episodes": 4, "metrics_every_s": 1.0, "drain_timeout_s": 20},
+    }
     recipe_path = tmp_path / "recipe.yaml"
     recipe_path.write_text(yaml.safe_dump(data))
     run_dir = tmp_path / "run"
@@ -98,7 +123,9 @@ def test_workers_share_join_and_survive_sigkill(kafka: KafkaSettings, topics: An
             return len(ids) == TASKS and all(len(v) == GROUP for v in ids.values())
 
         trajs = wait_for(kafka, complete, 240)
-        assert complete(trajs), f"{len({t.group_id for t in trajs})} of {TASKS} tasks have all their trajectories"
+        assert complete(trajs), (
+            f"{len({t.group_id for t in trajs})} of {TASKS} tasks have all their trajectories"
+        )
         for w in ("b", "c"):
             procs[w].send_signal(signal.SIGTERM)
         for w in ("b", "c"):
@@ -110,8 +137,10 @@ def test_workers_share_join_and_survive_sigkill(kafka: KafkaSettings, topics: An
                 p.wait()
     counts = collections.Counter(t.worker_id for t in trajs)
     duplicates = len(trajs) - len({t.traj_id for t in trajs})
-    print(f"\nelastic: {TASKS} tasks x {GROUP}: trajectories per worker {dict(counts)}, "
-          f"{duplicates} duplicates (re-runs after the kill/rebalances), {done_before_kill} tasks done before the kill")
+    print(
+        f"\nelastic: {TASKS} tasks x {GROUP}: trajectories per worker {dict(counts)}, "
+        f"{duplicates} duplicates (re-runs after the kill/rebalances), {done_before_kill} tasks done before the kill"
+    )
     # re-runs carry the same ids: downstream dedupe leaves exactly TASKS x GROUP trajectories
     assert len({t.traj_id for t in trajs}) == TASKS * GROUP
     assert counts["b"] > 0 and counts["c"] > 0, f"the third worker ran no task: {dict(counts)}"

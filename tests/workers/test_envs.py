@@ -22,8 +22,14 @@ from workers.registry import environment_class, workflow_class
 
 def task_of(env: Any, n: int = 0, seed: int = 0) -> Task:
     spec, attempt = next(itertools.islice(env.tasks(seed), n, None))
-    return Task(task_id=spec.key, env=env.name, roles={"agent": "p"}, prompt=spec.prompt, payload=spec.payload,
-                attempt=attempt)
+    return Task(
+        task_id=spec.key,
+        env=env.name,
+        roles={"agent": "p"},
+        prompt=spec.prompt,
+        payload=spec.payload,
+        attempt=attempt,
+    )
 
 
 def test_generators_are_deterministic_and_cycle_epochs() -> None:
@@ -42,7 +48,9 @@ def test_arithmetic_scores_token_ids(codec: Any) -> None:
     assert obs == "7+8=" and env.turn_params(state, codec)["max_tokens"] == 2
     assert asyncio.run(env.step(state, codec.ids("15"), codec)).reward == 1.0
     assert asyncio.run(env.step(state, codec.ids("16"), codec)).reward == 0.0
-    assert asyncio.run(env.step(state, [*codec.ids("1"), codec.pad], codec)).reward == 0.0  # `1<pad>` is not 15
+    assert (
+        asyncio.run(env.step(state, [*codec.ids("1"), codec.pad], codec)).reward == 0.0
+    )  # `1<pad>` is not 15
     strict = ArithmeticEnv(require_eos=True)
     assert asyncio.run(strict.step(state, [*codec.ids("15"), codec.eos], codec)).reward == 1.0
     assert asyncio.run(strict.step(state, codec.ids("15"), codec)).reward == 0.0
@@ -55,7 +63,13 @@ def test_unknown_env_argument_names_the_key() -> None:
 
 def test_guess_number_multi_turn(codec: Any) -> None:
     env = GuessNumberEnv(max_number=8, max_turns=4)
-    task = Task(task_id="g", env="guess_number", roles={"agent": "p"}, prompt="G8:", payload={"secret": 6, "max_number": 8})
+    task = Task(
+        task_id="g",
+        env="guess_number",
+        roles={"agent": "p"},
+        prompt="G8:",
+        payload={"secret": 6, "max_number": 8},
+    )
     state, obs = env.reset(task, codec, random.Random(0))
     step = asyncio.run(env.step(state, codec.ids("3"), codec))
     assert (step.observation, step.done) == (">", False)

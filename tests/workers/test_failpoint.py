@@ -15,7 +15,9 @@ def test_episode_delay_is_off_unless_set(monkeypatch: pytest.MonkeyPatch) -> Non
     assert episode_delay_s() == 0.25
 
 
-@pytest.mark.parametrize("spec", ["episode_delay_ms:", "episode_delay_ms:1.5", "episode_delay:250", "after_publish:3"])
+@pytest.mark.parametrize(
+    "spec", ["episode_delay_ms:", "episode_delay_ms:1.5", "episode_delay:250", "after_publish:3"]
+)
 def test_a_misspelt_failpoint_is_an_error(monkeypatch: pytest.MonkeyPatch, spec: str) -> None:
     monkeypatch.setenv("ASTRAFLOW_WORKER_FAILPOINT", spec)
     with pytest.raises(ConfigError, match="episode_delay_ms"):

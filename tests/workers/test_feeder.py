@@ -41,8 +41,9 @@ def test_default_roles_follow_the_workflow() -> None:
 
 def test_jsonl_bad_lines_raise_without_deadletters(tmp_path: Path) -> None:
     path = tmp_path / "tasks.jsonl"
-    path.write_text(json.dumps({"prompt": "1+1=", "payload": {"answer": "2"}}) + "\n"
-                    + json.dumps({"env": "nope"}) + "\n")
+    path.write_text(
+        json.dumps({"prompt": "1+1=", "payload": {"answer": "2"}}) + "\n" + json.dumps({"env": "nope"}) + "\n"
+    )
     recipe = make_recipe()
     it = jsonl_tasks(recipe, path)
     first = next(it)
@@ -67,8 +68,9 @@ def test_admission_window_spans_the_versions_a_sample_may_lag() -> None:
 
 
 def test_selective_rollout_skips_with_a_floor() -> None:
-    recipe = make_recipe(feeder={"selective": {"enabled": True, "min_groups": 2, "keep_fraction": 0.25,
-                                               "max_skips_in_row": 3}})
+    recipe = make_recipe(
+        feeder={"selective": {"enabled": True, "min_groups": 2, "keep_fraction": 0.25, "max_skips_in_row": 3}}
+    )
     f = Feeder(recipe, Path("/nonexistent"), KafkaSettings(bootstrap="x:1"))
     task = Task(task_id="t", env="arithmetic", roles={"agent": "policy"})
     assert not f.skip(task)  # no statistics yet
@@ -87,9 +89,14 @@ def test_selective_rollout_skips_with_a_floor() -> None:
 @pytest.mark.slow
 def test_admission_follows_the_slowest_trainer(kafka: KafkaSettings, topics: Any, tmp_path: Path) -> None:
     topics(["A", "B"])
-    recipe = make_recipe(policies=[{"name": "A"}, {"name": "B"}], kafka=kafka.model_dump(), max_staleness=1,
-                         trainer={"batch_groups": 2}, worker={"workflow": "solve_and_verify"},
-                         feeder={"env": "arithmetic", "group_size": 2, "max_tasks": 10, "poll_s": 0.1})
+    recipe = make_recipe(
+        policies=[{"name": "A"}, {"name": "B"}],
+        kafka=kafka.model_dump(),
+        max_staleness=1,
+        trainer={"batch_groups": 2},
+        worker={"workflow": "solve_and_verify"},
+        feeder={"env": "arithmetic", "group_size": 2, "max_tasks": 10, "poll_s": 0.1},
+    )
     feeder = Feeder(recipe, tmp_path / "run", kafka)
     fed: list[int] = []
     thread = threading.Thread(target=lambda: fed.append(feeder.run()))
@@ -111,15 +118,25 @@ def test_admission_follows_the_slowest_trainer(kafka: KafkaSettings, topics: Any
         pub.send("weights", WeightVersion(policy="B", version=1, step=1, snapshot_uri="file:///x"), key="B")
         pub.flush()
         assert wait_published(6) == 6  # min step 1 -> 2 groups trained -> 6 admitted
-        pub.send("task-stats", TaskStats(task_id="x", env="arithmetic", groups=3, zero_variance_groups=3), key="x")
+        pub.send(
+            "task-stats", TaskStats(task_id="x", env="arithmetic", groups=3, zero_variance_groups=3), key="x"
+        )
         pub.flush()
-        assert wait_published(7, timeout=3.0) == 6  # zero variance alone says nothing: no filter may drop them
-        pub.send("task-stats", TaskStats(task_id="x", env="arithmetic", groups=3, zero_variance_groups=3,
-                                         dropped_groups=1), key="x")
+        assert (
+            wait_published(7, timeout=3.0) == 6
+        )  # zero variance alone says nothing: no filter may drop them
+        pub.send(
+            "task-stats",
+            TaskStats(task_id="x", env="arithmetic", groups=3, zero_variance_groups=3, dropped_groups=1),
+            key="x",
+        )
         pub.flush()
         assert wait_published(7) == 7  # a group that reaches no trainer counts as consumed
-        pub.send("weights", WeightVersion(policy="B", version=1, step=1, groups_consumed=3,
-                                          snapshot_uri="file:///x"), key="B")
+        pub.send(
+            "weights",
+            WeightVersion(policy="B", version=1, step=1, groups_consumed=3, snapshot_uri="file:///x"),
+            key="B",
+        )
         pub.flush()
         assert wait_published(8) == 8  # B discarded a stale group: consumed without a step
         pub.send("weights", WeightVersion(policy="B", version=2, step=5, snapshot_uri="file:///x"), key="B")
@@ -141,12 +158,21 @@ def test_admission_follows_the_slowest_trainer(kafka: KafkaSettings, topics: Any
 def test_jsonl_bad_lines_go_to_deadletter(kafka: KafkaSettings, topics: Any, tmp_path: Path) -> None:
     topics(["policy"])
     path = tmp_path / "t.jsonl"
-    path.write_text("\n".join([json.dumps({"task_id": "ok1", "prompt": "1+2=", "payload": {"answer": "3"}}),
-                               "{not json", json.dumps({"roles": {"agent": "ghost"}}),
-                               json.dumps({"task_id": "ok2", "prompt": "2+2=", "payload": {"answer": "4"}})]))
+    path.write_text(
+        "\n".join(
+            [
+                json.dumps({"task_id": "ok1", "prompt": "1+2=", "payload": {"answer": "3"}}),
+                "{not json",
+                json.dumps({"roles": {"agent": "ghost"}}),
+                json.dumps({"task_id": "ok2", "prompt": "2+2=", "payload": {"answer": "4"}}),
+            ]
+        )
+    )
     recipe = make_recipe(kafka=kafka.model_dump(), feeder={"admission": False})
     assert Feeder(recipe, tmp_path / "run", kafka, jsonl=path).run() == 2
-    assert [t.task_id for t in read_topic(kafka, "tasks")] == ["ok1", "ok2"] or len(read_topic(kafka, "tasks")) == 2
+    assert [t.task_id for t in read_topic(kafka, "tasks")] == ["ok1", "ok2"] or len(
+        read_topic(kafka, "tasks")
+    ) == 2
     dead = [d for d in read_topic(kafka, "deadletter") if isinstance(d, DeadLetter)]
     assert sorted(d.offset for d in dead) == [2, 3]
     assert any("ghost" in d.error for d in dead) and all(str(path) in d.error for d in dead)

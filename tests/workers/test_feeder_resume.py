@@ -48,8 +48,9 @@ def _ids(recipe: Any, n: int) -> list[str]:
 
 
 @pytest.mark.broker
-def test_a_feeder_killed_between_saves_publishes_no_task_twice(kafka: KafkaSettings, topics: Any,
-                                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_feeder_killed_between_saves_publishes_no_task_twice(
+    kafka: KafkaSettings, topics: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     topics(["policy"])
     run_dir = tmp_path / "run"
     state = run_dir / "feeder" / "state.json"
@@ -62,11 +63,15 @@ def test_a_feeder_killed_between_saves_publishes_no_task_twice(kafka: KafkaSetti
             shutil.copy(state, saved_at_64)
 
     monkeypatch.setattr(Feeder, "_save_position", save)
-    first = make_recipe(kafka=kafka.model_dump(), feeder={"env": "arithmetic", "admission": False, "max_tasks": 70})
+    first = make_recipe(
+        kafka=kafka.model_dump(), feeder={"env": "arithmetic", "admission": False, "max_tasks": 70}
+    )
     assert Feeder(first, run_dir, kafka).run() == 70
     # a SIGKILL after the 70th task: the final save never happened, the last one is at 64
     shutil.copy(saved_at_64, state)
-    again = make_recipe(kafka=kafka.model_dump(), feeder={"env": "arithmetic", "admission": False, "max_tasks": 60})
+    again = make_recipe(
+        kafka=kafka.model_dump(), feeder={"env": "arithmetic", "admission": False, "max_tasks": 60}
+    )
     feeder = Feeder(again, run_dir, kafka)
     assert feeder.run() == 60
     assert feeder.counts["resume_skipped"] == 6  # tasks 65..70 were on the topic already
@@ -76,16 +81,18 @@ def test_a_feeder_killed_between_saves_publishes_no_task_twice(kafka: KafkaSetti
 
     # killed before its first save: no state at all, every task on the topic is checked
     state.unlink()
-    feeder = Feeder(again.model_copy(update={"feeder": again.feeder.model_copy(update={"max_tasks": 5})}),
-                    run_dir, kafka)
+    feeder = Feeder(
+        again.model_copy(update={"feeder": again.feeder.model_copy(update={"max_tasks": 5})}), run_dir, kafka
+    )
     assert feeder.run() == 5 and feeder.counts["resume_skipped"] == 130
     tasks = [t.group_id for t in read_topic(kafka, "tasks") if isinstance(t, Task)]
     assert len(tasks) == 135 and set(tasks) == set(_ids(first, 135))
 
 
 @pytest.mark.broker
-def test_a_sigkilled_astraflow_feed_resumes_without_duplicates(kafka: KafkaSettings, topics: Any,
-                                                               tmp_path: Path) -> None:
+def test_a_sigkilled_astraflow_feed_resumes_without_duplicates(
+    kafka: KafkaSettings, topics: Any, tmp_path: Path
+) -> None:
     import subprocess
     import sys
 
@@ -95,15 +102,34 @@ def test_a_sigkilled_astraflow_feed_resumes_without_duplicates(kafka: KafkaSetti
     from .conftest import TINY
 
     topics(["policy"])
-    data = {"name": "resume", "model": dict(TINY), "kafka": kafka.model_dump(exclude_none=True),
-            "feeder": {"env": "arithmetic", "admission": False}}
+    data = {
+        "name": "resume",
+        "model": dict(TINY),
+        "kafka": kafka.model_dump(exclude_none=True),
+        "feeder": {"env": "arithmetic", "admission": False},
+    }
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(data))
-    cmd = [sys.executable, "-m", "astraflow.cli", "feed", "--recipe", str(recipe), "--run-dir", str(tmp_path / "run")]
-    killed = subprocess.run(cmd, env=subprocess_env(ASTRAFLOW_FEEDER_FAILPOINT="after_publish:70"),
-                            capture_output=True, timeout=300)
+    cmd = [
+        sys.executable,
+        "-m",
+        "astraflow.cli",
+        "feed",
+        "--recipe",
+        str(recipe),
+        "--run-dir",
+        str(tmp_path / "run"),
+    ]
+    killed = subprocess.run(
+        cmd,
+        env=subprocess_env(ASTRAFLOW_FEEDER_FAILPOINT="after_publish:70"),
+        capture_output=True,
+        timeout=300,
+    )
     assert killed.returncode == -9, killed.stderr.decode()[-2000:]  # SIGKILL after 70, saved at 64
-    again = subprocess.run([*cmd, "--max-tasks", "58"], env=subprocess_env(), capture_output=True, timeout=300)
+    again = subprocess.run(
+        [*cmd, "--max-tasks", "58"], env=subprocess_env(), capture_output=True, timeout=300
+    )
     assert again.returncode == 0 and b"fed 58 tasks" in again.stderr, again.stderr.decode()[-2000:]
     tasks = [t.group_id for t in read_topic(kafka, "tasks") if isinstance(t, Task)]
     assert len(tasks) == 128 and len(set(tasks)) == 128  # none published twice

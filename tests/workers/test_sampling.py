@@ -62,7 +62,9 @@ def test_top_k_and_top_p_both_read_the_tempered_distribution() -> None:
     # joint (SGLang's order): top-p 0.5 on [0.4, 0.3, 0.2, 0.1] keeps {0, 1}, top-k 2 keeps {0, 1}.
     # Top-p after a top-k renormalisation would read [0.57, 0.43] and keep {0} alone.
     probs = torch.tensor([[0.4, 0.3, 0.2, 0.1]])
-    assert torch.allclose(sampling_logprobs(probs.log(), 1.0, 0.5, 2).exp(), torch.tensor([[4 / 7, 3 / 7, 0, 0]]))
+    assert torch.allclose(
+        sampling_logprobs(probs.log(), 1.0, 0.5, 2).exp(), torch.tensor([[4 / 7, 3 / 7, 0, 0]])
+    )
     assert torch.allclose(sampling_logprobs(probs.log(), 1.0, 1.0, 1).exp(), torch.tensor([[1.0, 0, 0, 0]]))
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     # temperature first: at T = 0.5 the probabilities are [25, 9, 2.25, 0.25] / 36.5, and 25/36.5 = 0.685
@@ -73,7 +75,9 @@ def test_top_k_and_top_p_both_read_the_tempered_distribution() -> None:
 
 def test_scalar_settings_apply_to_every_row_of_any_shape() -> None:
     logits = torch.randn(2, 3, 7, generator=torch.Generator().manual_seed(0))
-    per_row = sampling_logprobs(logits.reshape(6, 7), torch.full((6,), 0.8), torch.full((6,), 0.9), torch.full((6,), 4))
+    per_row = sampling_logprobs(
+        logits.reshape(6, 7), torch.full((6,), 0.8), torch.full((6,), 0.9), torch.full((6,), 4)
+    )
     assert torch.equal(sampling_logprobs(logits, 0.8, 0.9, 4), per_row.reshape(2, 3, 7))
 
 
@@ -102,7 +106,6 @@ def test_training_settings_refuse_greedy() -> None:
     assert not SamplingSettings().truncated and SamplingSettings(top_k=3).truncated
 
 
-
 def test_a_seeded_draw_follows_the_distribution_and_never_takes_an_excluded_token() -> None:
     from workers.engines.sampling import sample_seeded, seeded_noise
 
@@ -127,9 +130,13 @@ def test_one_seed_draws_the_same_token_from_similar_distributions() -> None:
 
     a = torch.log_softmax(torch.randn(20, generator=torch.Generator().manual_seed(1)), -1)
     b = torch.log_softmax(a + 0.3 * torch.randn(20, generator=torch.Generator().manual_seed(2)), -1)
-    shared = sum(sample_seeded(a, seeded_noise(s, 0, 20))[0] == sample_seeded(b, seeded_noise(s, 0, 20))[0]
-                 for s in range(2000))
-    own = sum(sample_seeded(a, seeded_noise(s, 0, 20))[0] == sample_seeded(b, seeded_noise(s + 10**6, 0, 20))[0]
-              for s in range(2000))
+    shared = sum(
+        sample_seeded(a, seeded_noise(s, 0, 20))[0] == sample_seeded(b, seeded_noise(s, 0, 20))[0]
+        for s in range(2000)
+    )
+    own = sum(
+        sample_seeded(a, seeded_noise(s, 0, 20))[0] == sample_seeded(b, seeded_noise(s + 10**6, 0, 20))[0]
+        for s in range(2000)
+    )
     chance = float((a.exp() * b.exp()).sum())
     assert shared / 2000 > 0.7 > 2 * chance and abs(own / 2000 - chance) < 0.05

@@ -25,13 +25,20 @@ HOSTILE = {
     "sleeps forever": ("import time\ndef f(x):\n    time.sleep(1000)\n", "wall-clock limit"),
     "allocates 10 GB": ("def f(x):\n    b = bytearray(10 * 1024**3)\n    return x + 1\n", "MemoryError"),
     "forks without end": ("import os\ndef f(x):\n    while True:\n        os.fork()\n", "os.fork"),
-    "forks and swallows errors": ("import os\ndef f(x):\n    for _ in range(10000):\n        try:\n"
-                                  "            os.fork()\n        except BaseException:\n            pass\n"
-                                  "    return x + 1\n", "os.fork"),
-    "spawns a subprocess": ("import subprocess\ndef f(x):\n    subprocess.run(['true'])\n    return x + 1\n",
-                            "subprocess.Popen"),
-    "opens a socket": ("import socket\ndef f(x):\n    socket.create_connection(('127.0.0.1', 9))\n    return x + 1\n",
-                       "socket"),
+    "forks and swallows errors": (
+        "import os\ndef f(x):\n    for _ in range(10000):\n        try:\n"
+        "            os.fork()\n        except BaseException:\n            pass\n"
+        "    return x + 1\n",
+        "os.fork",
+    ),
+    "spawns a subprocess": (
+        "import subprocess\ndef f(x):\n    subprocess.run(['true'])\n    return x + 1\n",
+        "subprocess.Popen",
+    ),
+    "opens a socket": (
+        "import socket\ndef f(x):\n    socket.create_connection(('127.0.0.1', 9))\n    return x + 1\n",
+        "socket",
+    ),
 }
 
 
@@ -71,7 +78,9 @@ def test_writing_outside_its_directory_is_blocked(tmp_path: Path) -> None:
 def test_no_process_survives_a_fork_bomb() -> None:
     run(HOSTILE["forks without end"][0])
     if os.getuid() == 0:  # the sandbox ran as nobody: nothing of that uid may be left
-        left = subprocess.run(["pgrep", "-u", "65534", "-f", "sandbox_harness"], capture_output=True, text=True)
+        left = subprocess.run(
+            ["pgrep", "-u", "65534", "-f", "sandbox_harness"], capture_output=True, text=True
+        )
         assert left.stdout.strip() == ""
 
 
@@ -82,6 +91,7 @@ def test_network_is_unreachable_in_the_namespace() -> None:
 
 
 # -- the judge: pure functions on the child's bytes ------------------------------------------------
+
 
 def lines(*records: object) -> bytes:
     return b"".join(json.dumps(r).encode() + b"\n" for r in records)
@@ -100,24 +110,29 @@ def test_judge_counts_exact_results() -> None:
     assert judge(lines({"r": 2}, {"r": 6}), [2, 6], 1000) == Verdict(2, True, None)
     assert judge(lines({"r": True}, {"r": 6.0}), [1, 6], 1000).passed == 0
     unjudgeable = judge(lines({"x": "Int"}, {"r": 6}), [2, 6], 1000)
-    assert unjudgeable == Verdict(1, True, "test 0: got a value of type Int, not a plain JSON value, expected 2")
+    assert unjudgeable == Verdict(
+        1, True, "test 0: got a value of type Int, not a plain JSON value, expected 2"
+    )
     stopped = judge(lines({"r": 2}, {"e": "ValueError: no"}), [2, 6], 1000)
     assert stopped == Verdict(1, True, "ValueError: no")
     assert judge(lines({"r": 2}), [2, 6], 1000) == Verdict(1, False, None)  # died before the end
 
 
-@pytest.mark.parametrize(("out", "why"), [
-    (lines({"r": 2}, {"r": 6}, {"r": 6}), "more than 2 results"),
-    (lines({"passed": 2}), "unknown record 'passed'"),
-    (lines({"r": 2, "x": "int"}), "not a one-key object"),
-    (lines({"e": "stop"}, {"r": 2}), "after the final error"),
-    (lines({"r": 2}) + b'{"r": 6}', "unterminated"),
-    (b"not json\n", "JSONDecodeError"),
-    (b"[" * 100_000 + b"\n", "RecursionError"),
-    (b'{"r": ' + b"9" * 5000 + b"}\n", "ValueError"),
-    (lines(*[{"r": 2}] * 2000), "more than 2 results"),
-    (lines({"r": 2}) + b" " * 1_000_000 + b"\n", "more than 1000000 bytes"),
-])
+@pytest.mark.parametrize(
+    ("out", "why"),
+    [
+        (lines({"r": 2}, {"r": 6}, {"r": 6}), "more than 2 results"),
+        (lines({"passed": 2}), "unknown record 'passed'"),
+        (lines({"r": 2, "x": "int"}), "not a one-key object"),
+        (lines({"e": "stop"}, {"r": 2}), "after the final error"),
+        (lines({"r": 2}) + b'{"r": 6}', "unterminated"),
+        (b"not json\n", "JSONDecodeError"),
+        (b"[" * 100_000 + b"\n", "RecursionError"),
+        (b'{"r": ' + b"9" * 5000 + b"}\n", "ValueError"),
+        (lines(*[{"r": 2}] * 2000), "more than 2 results"),
+        (lines({"r": 2}) + b" " * 1_000_000 + b"\n", "more than 1000000 bytes"),
+    ],
+)
 def test_judge_scores_malformed_output_zero(out: bytes, why: str) -> None:
     v = judge(out, [2, 6], 1_000_000)
     assert v.passed == 0 and not v.complete and why in (v.reason or ""), v
@@ -125,15 +140,20 @@ def test_judge_scores_malformed_output_zero(out: bytes, why: str) -> None:
 
 # -- isolation: the fallback is loud -------------------------------------------------------------
 
-def test_without_bwrap_it_falls_back_loudly(monkeypatch: pytest.MonkeyPatch,
-                                            caplog: pytest.LogCaptureFixture) -> None:
+
+def test_without_bwrap_it_falls_back_loudly(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setattr(sandbox_isolation, "_probed", {})
     monkeypatch.setattr(sandbox_isolation.shutil, "which", lambda name: None)
     caplog.set_level(logging.WARNING, logger=sandbox_isolation.__name__)
     fallback = asyncio.run(run_tests("def f(x):\n    return x + 1\n", "f", TESTS, LIMITS))
     assert (fallback.passed, fallback.isolation) == (2, "none")
     required = asyncio.run(run_tests("def f(x):\n    return x + 1\n", "f", TESTS, LIMITS, "bwrap"))
-    assert required.passed == 0 and "isolation required but unavailable: bwrap is not installed" in required.reason
+    assert (
+        required.passed == 0
+        and "isolation required but unavailable: bwrap is not installed" in required.reason
+    )
     warnings = [r for r in caplog.records if "SANDBOX NOT ISOLATED" in r.getMessage()]
     assert len(warnings) == 1  # once per process, not per program
 
@@ -144,8 +164,9 @@ def test_bwrap_isolates_here() -> None:
     assert (result.passed, result.isolation, result.network) == (2, "bwrap", "netns"), result
 
 
-def test_bwrap_without_namespaces_falls_back(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                             caplog: pytest.LogCaptureFixture) -> None:
+def test_bwrap_without_namespaces_falls_back(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """As in a Docker container with the default seccomp profile: bwrap is there but cannot unshare."""
     fake = tmp_path / "bwrap"
     fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")

@@ -44,8 +44,12 @@ class Outside:
     victim_text: str
 
     def fill(self, source: str) -> str:
-        return (source.replace("OUTSIDE", str(self.dir)).replace("UNIX_SOCK", str(self.dir / "sock"))
-                .replace("PORT", str(self.tcp.getsockname()[1])).replace("SECRET_VAR", SECRET_VAR))
+        return (
+            source.replace("OUTSIDE", str(self.dir))
+            .replace("UNIX_SOCK", str(self.dir / "sock"))
+            .replace("PORT", str(self.tcp.getsockname()[1]))
+            .replace("SECRET_VAR", SECRET_VAR)
+        )
 
     def assert_untouched(self) -> None:
         assert sorted(os.listdir(self.dir)) == ["sock", "victim.txt"]
@@ -116,9 +120,14 @@ def test_the_corpus_is_big_and_its_leak_channel_works(outside: Outside) -> None:
     assert len(CORPUS) >= 25 and len({c.name for c in CORPUS}) == len(CORPUS)
     # The secret-hunting programs report what they find in the reason: show that this channel works,
     # so that a secret missing from the reason means it was not found, not that it was lost.
-    leaked = run(outside.fill(CORPUS[-1].source.replace("OUTSIDE/victim.txt", "mine.txt")
-                              .replace("def f(x):", f"open('mine.txt', 'w').write('{SECRET_VAR}=abc')\n"
-                                       "def f(x):", 1)), "bwrap")
+    leaked = run(
+        outside.fill(
+            CORPUS[-1]
+            .source.replace("OUTSIDE/victim.txt", "mine.txt")
+            .replace("def f(x):", f"open('mine.txt', 'w').write('{SECRET_VAR}=abc')\ndef f(x):", 1)
+        ),
+        "bwrap",
+    )
     assert leaked.passed == 0 and f"LEAK:{SECRET_VAR}=abc" in (leaked.reason or ""), leaked
 
 
@@ -168,9 +177,13 @@ def test_bubblewrap_walls_hold_without_the_audit_hook(outside: Outside) -> None:
     fd = seccomp_fd()
     assert fd is not None or platform.machine() != "x86_64"
     try:
-        done = subprocess.run([*bwrap_argv(HARNESS, fd), "-c", WALLS, str(outside.dir),
-                               str(outside.tcp.getsockname()[1])], capture_output=True, text=True, timeout=30,
-                              pass_fds=() if fd is None else (fd,))
+        done = subprocess.run(
+            [*bwrap_argv(HARNESS, fd), "-c", WALLS, str(outside.dir), str(outside.tcp.getsockname()[1])],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            pass_fds=() if fd is None else (fd,),
+        )
     finally:
         if fd is not None:
             os.close(fd)
@@ -183,7 +196,16 @@ def test_bubblewrap_walls_hold_without_the_audit_hook(outside: Outside) -> None:
     if fd is not None:
         assert (seen["unshare_userns"], seen["ptrace"], seen["netlink"]) == (1, 1, "PermissionError"), seen
     assert seen["write_dev_null"] == "done"
-    for escape in ("write_outside", "write_root", "write_dev_shm", "fill_home", "tcp", "unix", "proc", "shell"):
+    for escape in (
+        "write_outside",
+        "write_root",
+        "write_dev_shm",
+        "fill_home",
+        "tcp",
+        "unix",
+        "proc",
+        "shell",
+    ):
         assert seen[escape] != "done", (escape, seen)
     outside.assert_untouched()
 
@@ -194,10 +216,13 @@ def test_killing_bwrap_ends_every_process_inside() -> None:
     from workers.envs.sandbox_isolation import bwrap_argv
 
     marker = f"astraflow-orphan-{secrets.token_hex(6)}"
-    script = f"# {marker}\nimport os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n" \
-             "print('forked', flush=True)\ntime.sleep(60)\n"
-    proc = subprocess.Popen([*bwrap_argv(HARNESS), "-c", script], stdout=subprocess.PIPE,
-                            start_new_session=True)
+    script = (
+        f"# {marker}\nimport os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n"
+        "print('forked', flush=True)\ntime.sleep(60)\n"
+    )
+    proc = subprocess.Popen(
+        [*bwrap_argv(HARNESS), "-c", script], stdout=subprocess.PIPE, start_new_session=True
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline() == b"forked\n"
         alive = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()

@@ -24,12 +24,42 @@ from tests.workers.conftest import make_recipe
 from workers.engines.base import SamplingParams
 from workers.engines.sglang_engine import SGLangEngine, SGLangError, parse_generate
 
-SAMPLING_KEYS = {"temperature", "top_p", "top_k", "min_p", "max_new_tokens", "stop", "stop_token_ids",
-                 "skip_special_tokens", "no_stop_trim", "ignore_eos", "n", "frequency_penalty"}
-GENERATE_KEYS = {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len",
-                 "top_logprobs_num", "stream", "rid"}
-UPDATE_KEYS = {"model_path", "load_format", "abort_all_requests", "weight_version", "is_async",
-               "torch_empty_cache", "keep_pause", "recapture_cuda_graph", "token_step", "flush_cache"}
+SAMPLING_KEYS = {
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "skip_special_tokens",
+    "no_stop_trim",
+    "ignore_eos",
+    "n",
+    "frequency_penalty",
+}
+GENERATE_KEYS = {
+    "text",
+    "input_ids",
+    "sampling_params",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "stream",
+    "rid",
+}
+UPDATE_KEYS = {
+    "model_path",
+    "load_format",
+    "abort_all_requests",
+    "weight_version",
+    "is_async",
+    "torch_empty_cache",
+    "keep_pause",
+    "recapture_cuda_graph",
+    "token_step",
+    "flush_cache",
+}
 
 
 class FakeSGLang:
@@ -69,9 +99,17 @@ class FakeSGLang:
                 finish = {"type": "stop", "matched": tok}
                 break
         temp = float(sp.get("temperature", 1.0))
-        lps = [[float(torch.log_softmax(self.logits(ids, i) / temp, -1)[t]), t, None] for i, t in enumerate(out)]
-        meta = {"id": "r1", "finish_reason": finish, "prompt_tokens": len(ids), "completion_tokens": len(out),
-                "cached_tokens": 0, "weight_version": self.weight_version}
+        lps = [
+            [float(torch.log_softmax(self.logits(ids, i) / temp, -1)[t]), t, None] for i, t in enumerate(out)
+        ]
+        meta = {
+            "id": "r1",
+            "finish_reason": finish,
+            "prompt_tokens": len(ids),
+            "completion_tokens": len(out),
+            "cached_tokens": 0,
+            "weight_version": self.weight_version,
+        }
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = lps
         return web.json_response({"text": "", "output_ids": out, "meta_info": meta})
@@ -84,11 +122,13 @@ class FakeSGLang:
         body = await self._body(request, UPDATE_KEYS)
         path = Path(body.get("model_path", ""))
         if not (path / "model.safetensors").exists() or not (path / "config.json").exists():
-            return web.json_response({"success": False, "message": f"cannot load {path}", "num_paused_requests": 0},
-                                     status=400)
+            return web.json_response(
+                {"success": False, "message": f"cannot load {path}", "num_paused_requests": 0}, status=400
+            )
         self.weight_version = body.get("weight_version") or self.weight_version
-        return web.json_response({"success": True, "message": "Succeeded to update model weights.",
-                                  "num_paused_requests": 0})
+        return web.json_response(
+            {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
+        )
 
     async def pause(self, request: web.Request) -> web.Response:
         body = await self._body(request, {"mode"})
@@ -120,7 +160,9 @@ def test_generate_contract() -> None:
         r = await engine.generate([1, 2, 3], SamplingParams(temperature=0.7, max_tokens=5))
         path, body = fake.calls[-1]
         assert path == "/generate" and body["input_ids"] == [1, 2, 3] and body["return_logprob"] is True
-        assert body["sampling_params"]["max_new_tokens"] == 5 and body["sampling_params"]["temperature"] == 0.7
+        assert (
+            body["sampling_params"]["max_new_tokens"] == 5 and body["sampling_params"]["temperature"] == 0.7
+        )
         assert body["sampling_params"]["top_p"] == 1.0
         assert len(r.tokens) == 5 and r.finish_reason == "length" and r.versions == [3] * 5
         assert r.logprobs[1] < -0.01 and len(set(r.logprobs)) == 5  # read back per token, not a constant
@@ -144,7 +186,9 @@ def test_logprobs_read_back_are_the_trainers(temperature: float) -> None:
         engine = SGLangEngine("p", url)
         prompt = [1, 4, 9]
         r = await engine.generate(prompt, SamplingParams(temperature=temperature, max_tokens=6))
-        trainer = [float(sampling_logprobs(fake.logits(prompt, i), temperature)[t]) for i, t in enumerate(r.tokens)]
+        trainer = [
+            float(sampling_logprobs(fake.logits(prompt, i), temperature)[t]) for i, t in enumerate(r.tokens)
+        ]
         assert r.logprobs == pytest.approx(trainer, abs=1e-6)
         untempered = [float(torch.log_softmax(fake.logits(prompt, i), -1)[t]) for i, t in enumerate(r.tokens)]
         if temperature != 1.0:  # the temperature matters: the raw log-probs would not pass the check above
@@ -179,7 +223,9 @@ def test_truncated_sampling_is_refused() -> None:
     for sampling in ({"top_p": 0.9}, {"top_k": 5}):
         with pytest.raises(ConfigError, match="sglang engine returns log-probs without"):
             make_recipe(worker={"engine": {"type": "sglang"}, **sampling})
-    make_recipe(worker={"engine": {"type": "torch"}, "top_p": 0.9, "top_k": 5})  # the torch engine renormalises
+    make_recipe(
+        worker={"engine": {"type": "torch"}, "top_p": 0.9, "top_k": 5}
+    )  # the torch engine renormalises
 
 
 def test_weight_update_contract(tiny_checkpoint: Path) -> None:
@@ -195,8 +241,10 @@ def test_weight_update_contract(tiny_checkpoint: Path) -> None:
         assert paths == ["/pause_generation", "/update_weights_from_disk", "/continue_generation"]
         body = fake.calls[1][1]
         assert body["weight_version"] == "4" and body["flush_cache"] is True
-        assert torch.equal(load_file(str(Path(body["model_path"]) / "model.safetensors"))["model.norm.weight"],
-                           state["model.norm.weight"])
+        assert torch.equal(
+            load_file(str(Path(body["model_path"]) / "model.safetensors"))["model.norm.weight"],
+            state["model.norm.weight"],
+        )
         assert engine.version == 4 and not fake.paused
         r = await engine.generate([5], SamplingParams(max_tokens=2))
         assert r.versions == [4, 4]
@@ -228,5 +276,7 @@ def test_malformed_answers_are_named() -> None:
         parse_generate({"meta_info": {}})
     with pytest.raises(SGLangError, match="disagree"):
         parse_generate({"output_ids": [1], "meta_info": {"output_token_logprobs": [[-1.0, 2, None]]}})
-    r = parse_generate({"meta_info": {"output_token_logprobs": [[-1.0, 2, None]], "finish_reason": {"type": "abort"}}})
+    r = parse_generate(
+        {"meta_info": {"output_token_logprobs": [[-1.0, 2, None]], "finish_reason": {"type": "abort"}}}
+    )
     assert r.finish_reason == "aborted" and r.tokens == [2]

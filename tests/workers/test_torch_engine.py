@@ -14,11 +14,12 @@ from workers.engines.base import SamplingParams
 from workers.engines.torch_engine import TorchEngine, WeightLoadError
 
 
-def teacher_forced(engine: TorchEngine, prompt: list[int], tokens: list[int], t: float, p: float,
-                   k: int = 0) -> torch.Tensor:
+def teacher_forced(
+    engine: TorchEngine, prompt: list[int], tokens: list[int], t: float, p: float, k: int = 0
+) -> torch.Tensor:
     seq = torch.tensor([prompt + tokens])
     with torch.no_grad():
-        logits = engine.model(seq).logits[0, len(prompt) - 1:-1].float()
+        logits = engine.model(seq).logits[0, len(prompt) - 1 : -1].float()
     lp = sampling_logprobs(logits, t, p, k)
     return lp.gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
 
@@ -125,7 +126,7 @@ def test_top_k_is_honoured(tiny_checkpoint: Path) -> None:
         prompt = [1, 9, 4]
         r = await engine.generate(prompt, SamplingParams(temperature=1.3, top_k=3, max_tokens=16))
         with torch.no_grad():
-            logits = engine.model(torch.tensor([prompt + r.tokens])).logits[0, len(prompt) - 1:-1]
+            logits = engine.model(torch.tensor([prompt + r.tokens])).logits[0, len(prompt) - 1 : -1]
         top3 = logits.topk(3, dim=-1).indices
         assert all(t in top3[i].tolist() for i, t in enumerate(r.tokens))
         ref = teacher_forced(engine, prompt, r.tokens, 1.3, 1.0, 3)
@@ -145,7 +146,9 @@ def test_bad_weights_are_refused_and_the_old_ones_kept(tiny_checkpoint: Path) ->
         with pytest.raises(WeightLoadError, match="unknown"):
             await engine.update_weights({**before, "nonsense": torch.zeros(3)}, 5)
         with pytest.raises(WeightLoadError, match="missing"):
-            await engine.update_weights({"model.norm.weight": torch.zeros_like(before["model.norm.weight"])}, 5)
+            await engine.update_weights(
+                {"model.norm.weight": torch.zeros_like(before["model.norm.weight"])}, 5
+            )
         assert engine.version == 0
         assert all(torch.equal(before[k], v) for k, v in engine.model.state_dict().items())
         await engine.close()
@@ -192,7 +195,9 @@ def test_a_seeded_request_draws_the_same_tokens_in_any_batch(tiny_checkpoint: Pa
 
     async def in_a_batch() -> tuple[list[int], list[list[int]]]:
         engine = TorchEngine("p", str(tiny_checkpoint), seed=9)
-        others = [engine.generate([1, 8 + i, 9], SamplingParams(temperature=1.0, max_tokens=12)) for i in range(5)]
+        others = [
+            engine.generate([1, 8 + i, 9], SamplingParams(temperature=1.0, max_tokens=12)) for i in range(5)
+        ]
         results = await asyncio.gather(*others[:3], engine.generate(prompt, seeded), *others[3:])
         ref = teacher_forced(engine, prompt, results[3].tokens, 1.0, 1.0)
         assert (ref - torch.tensor(results[3].logprobs)).abs().max().item() <= 1e-4

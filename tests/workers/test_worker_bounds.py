@@ -54,14 +54,18 @@ class _Msg:
 
 
 def _worker(tmp_path: Path, **cfg: Any) -> Worker:
-    recipe = make_recipe(feeder={"env": "arithmetic", "group_size": 4},
-                         worker={"max_episodes": 4, "max_group_size": 256, **cfg})
+    recipe = make_recipe(
+        feeder={"env": "arithmetic", "group_size": 4},
+        worker={"max_episodes": 4, "max_group_size": 256, **cfg},
+    )
     worker = Worker(recipe, tmp_path, KafkaSettings(), worker_id="w-bounds", region="test")
     worker.runtime = Runtime(recipe, codec=None)  # type: ignore[arg-type]  # what _build makes; no tokenizer needed here
     return worker
 
 
-def test_a_big_group_runs_at_most_max_episodes_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_big_group_runs_at_most_max_episodes_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     running, peak, started = 0, 0, []
 
     async def episode(runtime: Any, task: Task, k: int, *rest: Any) -> tuple[list[Any], int]:
@@ -98,13 +102,22 @@ def _acked(loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
     return fut
 
 
-@pytest.mark.parametrize(("task", "reason"), [
-    (Task(task_id="huge", env="arithmetic", roles={"solver": "policy"}, group_size=4096),
-     "task huge: group_size 4096 exceeds worker.max_group_size 256"),
-    (Task(task_id="lost", env="nosuchenv", roles={"solver": "policy"}, group_size=4),
-     "task lost: unknown environment 'nosuchenv'; known: arithmetic, code, guess_number, referential_game, search"),
-])
-def test_a_task_the_worker_cannot_run_is_dead_lettered_with_the_reason(tmp_path: Path, task: Task, reason: str) -> None:
+@pytest.mark.parametrize(
+    ("task", "reason"),
+    [
+        (
+            Task(task_id="huge", env="arithmetic", roles={"solver": "policy"}, group_size=4096),
+            "task huge: group_size 4096 exceeds worker.max_group_size 256",
+        ),
+        (
+            Task(task_id="lost", env="nosuchenv", roles={"solver": "policy"}, group_size=4),
+            "task lost: unknown environment 'nosuchenv'; known: arithmetic, code, guess_number, referential_game, search",
+        ),
+    ],
+)
+def test_a_task_the_worker_cannot_run_is_dead_lettered_with_the_reason(
+    tmp_path: Path, task: Task, reason: str
+) -> None:
     w = _worker(tmp_path)
     w.dead = _Dead()  # type: ignore[assignment]
 
@@ -149,8 +162,9 @@ class _Tasks:
 
 
 @pytest.mark.parametrize(("queued", "taken"), [(None, 1), (0, 1), (8, 3), (16, 5)])
-def test_a_full_worker_keeps_taking_tasks_until_its_queue_is_full(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                   queued: int | None, taken: int) -> None:
+def test_a_full_worker_keeps_taking_tasks_until_its_queue_is_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, queued: int | None, taken: int
+) -> None:
     """Pausing the partitions at max_episodes made each task wait ~0.9 s for librdkafka's resume;
     with max_queued_episodes the worker takes tasks beyond its slots (default 0: only for free slots)."""
     running, peak = 0, 0
@@ -194,7 +208,8 @@ class _TopicPartition:
 
 
 def test_a_task_revoked_by_the_poll_that_fetched_it_gives_back_its_episodes(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A second worker joining revokes partitions inside the first one's poll, after that poll
     handed over a task: the task is cancelled before its coroutine ever ran. Its episodes must still
     leave the worker's count, or a few such tasks fill max_episodes forever and the worker pauses its
@@ -243,7 +258,8 @@ def test_a_tasks_trajectories_travel_as_one_record_per_group_split_at_the_byte_b
 
 
 def test_a_groups_trajectories_go_together_but_never_wait_long_for_a_straggler(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Episodes that end together go as one record; one that hangs (a tool call that never answers)
     holds the others back at most BATCH_WAIT_S, so streams can still emit the group at its timeout."""
     from tests.streams.factory import make_traj

@@ -29,16 +29,23 @@ def init_state(recipe: Any, run_dir: Path) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in load_model(path).state_dict().items()}
 
 
-def fed(kafka: KafkaSettings, topics: Any, tmp_path: Path, group_size: int, tasks: int,
-        drain_timeout_s: float) -> tuple[Any, Path]:
+def fed(
+    kafka: KafkaSettings, topics: Any, tmp_path: Path, group_size: int, tasks: int, drain_timeout_s: float
+) -> tuple[Any, Path]:
     """A worker recipe over arithmetic tasks, and `tasks` of them already on the topic."""
     from workers.feeder import Feeder
 
     topics(["policy"])
-    recipe = make_recipe(kafka=kafka.model_dump(), feeder={"env": "arithmetic", "group_size": group_size,
-                                                           "admission": False, "max_tasks": tasks},
-                         worker={"max_episodes": 4, "metrics_every_s": 0.5, "drain_timeout_s": drain_timeout_s,
-                                 "max_queued_episodes": 0})  # takes tasks only for free slots: some are left
+    recipe = make_recipe(
+        kafka=kafka.model_dump(),
+        feeder={"env": "arithmetic", "group_size": group_size, "admission": False, "max_tasks": tasks},
+        worker={
+            "max_episodes": 4,
+            "metrics_every_s": 0.5,
+            "drain_timeout_s": drain_timeout_s,
+            "max_queued_episodes": 0,
+        },
+    )  # takes tasks only for free slots: some are left
     run_dir = tmp_path / "run"
     assert Feeder(recipe, run_dir, kafka).run() == tasks
     return recipe, run_dir
@@ -82,7 +89,9 @@ def test_worker_end_to_end(kafka: KafkaSettings, topics: Any, tmp_path: Path) ->
         deadline = time.monotonic() + 30
         # the refusal, and both bad tasks consumed: the worker pauses while it has no room for
         # episodes, so they may come after every trajectory is out
-        while time.monotonic() < deadline and (worker.follower.refused == 0 or worker.counts["deadletters"] < 2):
+        while time.monotonic() < deadline and (
+            worker.follower.refused == 0 or worker.counts["deadletters"] < 2
+        ):
             time.sleep(0.1)
         worker.loop.call_soon_threadsafe(worker.stop)
 
@@ -103,13 +112,16 @@ def test_worker_end_to_end(kafka: KafkaSettings, topics: Any, tmp_path: Path) ->
         assert t.worker_id == "w-e2e" and t.region == "test" and t.group_size == 3
         assert (t.versions[t.owner == 0] == 1).all()
         vocab = 100
-        assert torch.allclose(torch.tensor(t.logprobs[t.owner == 0]), -torch.log(torch.tensor(float(vocab))), atol=1e-5)
+        assert torch.allclose(
+            torch.tensor(t.logprobs[t.owner == 0]), -torch.log(torch.tensor(float(vocab))), atol=1e-5
+        )
     assert len(by_task) == 6 and all(len(v) == 3 for v in by_task.values())
     assert worker.follower.refused == 1 and worker.engines["policy"].version == 1
     assert "v2" in (worker.follower.last_error or "")
     # every task (the two bad ones too) is committed, and nothing beyond
-    assert committed(kafka, "workers", "tasks") == {p: o for p, o in end_offsets(kafka, "tasks").items() if o > 0} | {
-        p: -1001 for p, o in end_offsets(kafka, "tasks").items() if o == 0}
+    assert committed(kafka, "workers", "tasks") == {
+        p: o for p, o in end_offsets(kafka, "tasks").items() if o > 0
+    } | {p: -1001 for p, o in end_offsets(kafka, "tasks").items() if o == 0}
     dead = read_topic(kafka, "deadletter")
     assert len(dead) == 2 and all(isinstance(d, DeadLetter) for d in dead)
     assert any("no_such_env" in d.error and "known:" in d.error for d in dead)

@@ -48,8 +48,14 @@ def episode(recipe: Any, codec: Any, task: Task, engines: dict[str, Any], k: int
 
 def test_agent_multi_turn_token_in_token_out(codec: Any) -> None:
     recipe = make_recipe(feeder={"env": "guess_number"})
-    task = Task(task_id="g-6", env="guess_number", roles={"agent": "policy"}, group_size=4, prompt="G8:",
-                payload={"secret": 6, "max_number": 8})
+    task = Task(
+        task_id="g-6",
+        env="guess_number",
+        roles={"agent": "policy"},
+        group_size=4,
+        prompt="G8:",
+        payload={"secret": 6, "max_number": 8},
+    )
     eng = Scripted("policy", codec, ["3", "7", "6"], version=2)
     [t] = episode(recipe, codec, task, {"policy": eng}, k=1)
     assert codec.text(t.tokens.tolist()) == "<bos>G8:3>7<6"
@@ -64,8 +70,13 @@ def test_agent_multi_turn_token_in_token_out(codec: Any) -> None:
 
 def test_solve_and_verify_rewards(codec: Any) -> None:
     recipe = make_recipe(policies=[{"name": "A"}, {"name": "B"}], worker={"workflow": "solve_and_verify"})
-    task = Task(task_id="s", env="arithmetic", roles={"solver": "A", "verifier": "B"}, prompt="3+4=",
-                payload={"answer": "7"})
+    task = Task(
+        task_id="s",
+        env="arithmetic",
+        roles={"solver": "A", "verifier": "B"},
+        prompt="3+4=",
+        payload={"answer": "7"},
+    )
     # wrong answer, verifier rejects (right verdict), retry correct
     a, b = Scripted("A", codec, ["6", "7"]), Scripted("B", codec, ["n"])
     [t] = episode(recipe, codec, task, {"A": a, "B": b})
@@ -73,7 +84,9 @@ def test_solve_and_verify_rewards(codec: Any) -> None:
     assert t.policies == ["A", "B"] and t.owner.tolist() == [-1] * 5 + [0, -1, 1, -1, 0]
     assert t.rewards == {"A": 1.0, "B": 1.0}
     # correct answer, verifier rejects (wrong verdict), retry wrong
-    [t] = episode(recipe, codec, task, {"A": Scripted("A", codec, ["7", "5"]), "B": Scripted("B", codec, ["n"])})
+    [t] = episode(
+        recipe, codec, task, {"A": Scripted("A", codec, ["7", "5"]), "B": Scripted("B", codec, ["n"])}
+    )
     assert t.rewards == {"A": 0.0, "B": 0.0}
     # wrong answer approved: solver 0, verifier 0; no retry
     [t] = episode(recipe, codec, task, {"A": Scripted("A", codec, ["1"]), "B": Scripted("B", codec, ["y"])})
@@ -82,8 +95,13 @@ def test_solve_and_verify_rewards(codec: Any) -> None:
 
 def test_referential_game_keeps_views_apart(codec: Any) -> None:
     recipe = make_recipe(policies=[{"name": "S"}, {"name": "L"}], feeder={"env": "referential_game"})
-    task = Task(task_id="r", env="referential_game", roles={"speaker": "S", "listener": "L"}, group_size=3,
-                payload={"candidates": "ABCD", "target": 2})
+    task = Task(
+        task_id="r",
+        env="referential_game",
+        roles={"speaker": "S", "listener": "L"},
+        group_size=3,
+        payload={"candidates": "ABCD", "target": 2},
+    )
     s, li = Scripted("S", codec, ["q"]), Scripted("L", codec, ["C"])
     said, heard = episode(recipe, codec, task, {"S": s, "L": li}, k=1)
     assert codec.text(said.tokens.tolist()) == "<bos>ABCD>C:q"
@@ -96,12 +114,19 @@ def test_referential_game_keeps_views_apart(codec: Any) -> None:
 
 
 def test_referential_shared_randomness_gives_both_turns_one_seed_per_episode(codec: Any) -> None:
-    task = Task(task_id="r", env="referential_game", roles={"speaker": "S", "listener": "L"}, group_size=3,
-                payload={"candidates": "AB", "target": 0})
+    task = Task(
+        task_id="r",
+        env="referential_game",
+        roles={"speaker": "S", "listener": "L"},
+        group_size=3,
+        payload={"candidates": "AB", "target": 0},
+    )
     seeds = []
     for shared in (True, False):
-        recipe = make_recipe(policies=[{"name": "S"}, {"name": "L"}],
-                             feeder={"env": "referential_game", "env_args": {"shared_randomness": shared}})
+        recipe = make_recipe(
+            policies=[{"name": "S"}, {"name": "L"}],
+            feeder={"env": "referential_game", "env_args": {"shared_randomness": shared}},
+        )
         for k in (0, 1, 1):
             s, li = Scripted("S", codec, ["q"]), Scripted("L", codec, ["A"])
             episode(recipe, codec, task, {"S": s, "L": li}, k=k)
@@ -118,8 +143,13 @@ def test_one_workers_policies_sample_with_their_own_stable_seeds() -> None:
     assert sampler_seed("worker-0", "speaker") != sampler_seed("worker-1", "speaker")
     # the same in another process with another hash salt (Python's str hash is salted per process)
     code = "from workers.worker import sampler_seed; print(sampler_seed('worker-0', 'speaker'))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONHASHSEED": "123"}).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "123"},
+    ).stdout
     assert int(out) == sampler_seed("worker-0", "speaker")
 
 
@@ -142,11 +172,19 @@ def test_every_builtin_env_runs_on_the_torch_engine(codec: Any, tiny_checkpoint:
             recipe = make_recipe(feeder={"env": name})
             env = environment_class(name)()
             spec, attempt = next(itertools.islice(env.tasks(0), 0, None))
-            task = Task(task_id=spec.key, env=name, roles={"agent": "policy"}, group_size=2, prompt=spec.prompt,
-                        payload=spec.payload, attempt=attempt)
+            task = Task(
+                task_id=spec.key,
+                env=name,
+                roles={"agent": "policy"},
+                group_size=2,
+                prompt=spec.prompt,
+                payload=spec.payload,
+                attempt=attempt,
+            )
             runtime = Runtime(recipe, codec)
-            results = await asyncio.gather(*(run_episode(runtime, task, k, {"policy": engine}, "w", "r")
-                                             for k in range(2)))
+            results = await asyncio.gather(
+                *(run_episode(runtime, task, k, {"policy": engine}, "w", "r") for k in range(2))
+            )
             for trajs, tokens in results:
                 [t] = trajs
                 assert t.finish_reason in ("stop", "length"), (name, t.error)
@@ -158,7 +196,9 @@ def test_every_builtin_env_runs_on_the_torch_engine(codec: Any, tiny_checkpoint:
     asyncio.run(main())
 
 
-def test_tool_latency_delays_every_environment_step_by_the_episodes_own_draws(codec: Any, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_tool_latency_delays_every_environment_step_by_the_episodes_own_draws(
+    codec: Any, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     """`worker.tool_latency`: each environment step of an episode waits a lognormal delay drawn from a
     stream of the episode's own (task, attempt, episode): the same delays wherever it runs, and the
     same trajectory as without latency."""
@@ -172,8 +212,14 @@ def test_tool_latency_delays_every_environment_step_by_the_episodes_own_draws(co
         await real_sleep(0)
 
     monkeypatch.setattr(asyncio, "sleep", fake_sleep)
-    task = Task(task_id="g-6", env="guess_number", roles={"agent": "policy"}, group_size=4, prompt="G8:",
-                payload={"secret": 6, "max_number": 8})
+    task = Task(
+        task_id="g-6",
+        env="guess_number",
+        roles={"agent": "policy"},
+        group_size=4,
+        prompt="G8:",
+        payload={"secret": 6, "max_number": 8},
+    )
 
     def run(latency: dict[str, float], k: int = 1) -> tuple[Any, list[float]]:
         slept.clear()

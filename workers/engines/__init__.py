@@ -15,8 +15,16 @@ from workers.engines.base import Engine, GenResult, SamplingParams
 def _torch(policy: str, model_path: str, a: TorchArgs, seed: int, version: int) -> Engine:
     from workers.engines.torch_engine import TorchEngine
 
-    return TorchEngine(policy, model_path, device=a.device, dtype=a.dtype, max_batch=a.max_batch,
-                       seed=a.seed * 1_000_003 + seed, version=version, attn_implementation=a.attn_implementation)
+    return TorchEngine(
+        policy,
+        model_path,
+        device=a.device,
+        dtype=a.dtype,
+        max_batch=a.max_batch,
+        seed=a.seed * 1_000_003 + seed,
+        version=version,
+        attn_implementation=a.attn_implementation,
+    )
 
 
 def _sglang(policy: str, model_path: str, a: SGLangArgs, version: int) -> Engine:
@@ -24,12 +32,23 @@ def _sglang(policy: str, model_path: str, a: SGLangArgs, version: int) -> Engine
 
     url = a.urls.get(policy, a.url)
     if not url:
-        raise ConfigError(f"worker.engine.args: no SGLang url for policy {policy!r} (set url or urls.{policy})")
-    return SGLangEngine(policy, url, model_path=model_path, timeout_s=a.timeout_s, pause=a.pause,
-                        flush_cache=a.flush_cache, version=version)
+        raise ConfigError(
+            f"worker.engine.args: no SGLang url for policy {policy!r} (set url or urls.{policy})"
+        )
+    return SGLangEngine(
+        policy,
+        url,
+        model_path=model_path,
+        timeout_s=a.timeout_s,
+        pause=a.pause,
+        flush_cache=a.flush_cache,
+        version=version,
+    )
 
 
-def build_engine(config: EngineConfig, policy: str, model_path: str, seed: int = 0, version: int = 0) -> Engine:
+def build_engine(
+    config: EngineConfig, policy: str, model_path: str, seed: int = 0, version: int = 0
+) -> Engine:
     if isinstance(config, TorchEngineConfig):
         return _torch(policy, model_path, config.args, seed, version)
     assert isinstance(config, SGLangEngineConfig)  # the union has two members

@@ -61,8 +61,9 @@ class Engine(Protocol):
     async def generate(self, prompt: Sequence[int], params: SamplingParams) -> GenResult:
         """Continue `prompt` (token ids). Cancelling the awaiting task aborts the request."""
 
-    async def update_weights(self, state: Mapping[str, torch.Tensor], version: int,
-                             source: str | None = None) -> None:
+    async def update_weights(
+        self, state: Mapping[str, torch.Tensor], version: int, source: str | None = None
+    ) -> None:
         """Load new weights between decode steps. A token's version is the oldest version that
         influenced it (its KV cache included), so tokens of a request that began before the update
         keep the older version. `source` is a checkpoint directory for engines that load from disk

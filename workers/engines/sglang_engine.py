@@ -51,8 +51,17 @@ class SGLangError(AstraFlowError):
 
 
 class SGLangEngine:
-    def __init__(self, policy: str, url: str, *, model_path: str | None = None, timeout_s: float = 600.0,
-                 pause: bool = True, flush_cache: bool = True, version: int = 0) -> None:
+    def __init__(
+        self,
+        policy: str,
+        url: str,
+        *,
+        model_path: str | None = None,
+        timeout_s: float = 600.0,
+        pause: bool = True,
+        flush_cache: bool = True,
+        version: int = 0,
+    ) -> None:
         self.policy = policy
         self.url = url.rstrip("/")
         self.model_path = model_path
@@ -88,17 +97,24 @@ class SGLangEngine:
 
     async def generate(self, prompt: Sequence[int], params: SamplingParams) -> GenResult:
         if params.top_p < 1.0 or params.top_k > 0:
-            raise SGLangError(f"the sglang engine cannot sample with top_p {params.top_p} / top_k {params.top_k}: "
-                              "SGLang returns log-probs without their renormalisation (see the module docstring)")
+            raise SGLangError(
+                f"the sglang engine cannot sample with top_p {params.top_p} / top_k {params.top_k}: "
+                "SGLang returns log-probs without their renormalisation (see the module docstring)"
+            )
         if params.seed is not None:
-            raise SGLangError("the sglang engine cannot sample with a per-request seed shared by several requests "
-                              "(common randomness, e.g. referential_game's shared_randomness): use the torch engine")
+            raise SGLangError(
+                "the sglang engine cannot sample with a per-request seed shared by several requests "
+                "(common randomness, e.g. referential_game's shared_randomness): use the torch engine"
+            )
         body = {
             "input_ids": [int(t) for t in prompt],
             "sampling_params": {
-                "temperature": params.temperature, "top_p": params.top_p,
-                "max_new_tokens": params.max_tokens, "stop_token_ids": list(params.stop_token_ids),
-                "skip_special_tokens": False, "no_stop_trim": True,
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "max_new_tokens": params.max_tokens,
+                "stop_token_ids": list(params.stop_token_ids),
+                "skip_special_tokens": False,
+                "no_stop_trim": True,
             },
             "return_logprob": True,
             "logprob_start_len": -1,
@@ -112,8 +128,9 @@ class SGLangEngine:
         self.tokens_generated += len(result.tokens)
         return result
 
-    async def update_weights(self, state: Mapping[str, torch.Tensor], version: int,
-                             source: str | None = None) -> None:
+    async def update_weights(
+        self, state: Mapping[str, torch.Tensor], version: int, source: str | None = None
+    ) -> None:
         async with self._update_lock:
             path = source or await asyncio.to_thread(self._save, state, version)
             paused = False
@@ -124,9 +141,15 @@ class SGLangEngine:
                     log.info("%s offers no /pause_generation; updating without pausing", self.url)
                 paused = status == 200
             try:
-                status, data = await self._post("/update_weights_from_disk", {
-                    "model_path": str(path), "weight_version": str(version), "flush_cache": self.flush_cache,
-                    "abort_all_requests": False})
+                status, data = await self._post(
+                    "/update_weights_from_disk",
+                    {
+                        "model_path": str(path),
+                        "weight_version": str(version),
+                        "flush_cache": self.flush_cache,
+                        "abort_all_requests": False,
+                    },
+                )
             finally:
                 if paused:
                     await self._post("/continue_generation", {})
@@ -175,7 +198,9 @@ def parse_generate(data: dict[str, Any]) -> GenResult:
         raise SGLangError("/generate answer has no meta_info")
     entries = meta.get("output_token_logprobs")
     if not isinstance(entries, list):
-        raise SGLangError("/generate answer has no meta_info.output_token_logprobs (was return_logprob sent?)")
+        raise SGLangError(
+            "/generate answer has no meta_info.output_token_logprobs (was return_logprob sent?)"
+        )
     tokens, logprobs = [], []
     for i, e in enumerate(entries):
         if not isinstance(e, (list, tuple)) or len(e) < 2:
@@ -187,4 +212,6 @@ def parse_generate(data: dict[str, Any]) -> GenResult:
         raise SGLangError("output_ids and output_token_logprobs disagree")
     reason = meta.get("finish_reason")
     kind = reason.get("type") if isinstance(reason, dict) else reason
-    return GenResult(tokens=tokens, logprobs=logprobs, versions=[], finish_reason=FINISH.get(str(kind), "length"))
+    return GenResult(
+        tokens=tokens, logprobs=logprobs, versions=[], finish_reason=FINISH.get(str(kind), "length")
+    )

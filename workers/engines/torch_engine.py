@@ -80,16 +80,30 @@ def _hand_back(finished: list[_Request]) -> None:
 class TorchEngine:
     """Serves one policy from a local checkpoint directory (transformers layout)."""
 
-    def __init__(self, policy: str, model_path: str, *, device: str = "cpu", dtype: str = "float32",
-                 max_batch: int = 64, seed: int = 0, version: int = 0, attn_implementation: str = "sdpa",
-                 batch_wait_s: float = 0.002) -> None:
+    def __init__(
+        self,
+        policy: str,
+        model_path: str,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_batch: int = 64,
+        seed: int = 0,
+        version: int = 0,
+        attn_implementation: str = "sdpa",
+        batch_wait_s: float = 0.002,
+    ) -> None:
         from transformers import AutoModelForCausalLM
 
         self.policy = policy
         self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=getattr(torch, dtype), attn_implementation=attn_implementation
-        ).to(self.device).eval()
+        self.model = (
+            AutoModelForCausalLM.from_pretrained(
+                model_path, dtype=getattr(torch, dtype), attn_implementation=attn_implementation
+            )
+            .to(self.device)
+            .eval()
+        )
         cfg = self.model.config
         self.max_positions = int(cfg.max_position_embeddings)
         self.pad_id = int(cfg.pad_token_id if cfg.pad_token_id is not None else 0)
@@ -99,7 +113,9 @@ class TorchEngine:
         self.generator.manual_seed(seed)
         self._version = version
         self._pending: deque[_Request] = deque()
-        self._updates: deque[tuple[Mapping[str, torch.Tensor], int, Callable[[BaseException | None], None]]] = deque()
+        self._updates: deque[
+            tuple[Mapping[str, torch.Tensor], int, Callable[[BaseException | None], None]]
+        ] = deque()
         self._cv = threading.Condition()
         self._closed = False
         #: called in the engine thread before every forward pass with the number of passes so far
@@ -131,8 +147,9 @@ class TorchEngine:
             req.cancelled = True  # the engine thread drops the row at its next step
             raise
 
-    async def update_weights(self, state: Mapping[str, torch.Tensor], version: int,
-                             source: str | None = None) -> None:
+    async def update_weights(
+        self, state: Mapping[str, torch.Tensor], version: int, source: str | None = None
+    ) -> None:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
 
@@ -142,8 +159,12 @@ class TorchEngine:
         self.queue_update(state, version, done)
         await fut
 
-    def queue_update(self, state: Mapping[str, torch.Tensor], version: int,
-                     done: Callable[[BaseException | None], None] | None = None) -> None:
+    def queue_update(
+        self,
+        state: Mapping[str, torch.Tensor],
+        version: int,
+        done: Callable[[BaseException | None], None] | None = None,
+    ) -> None:
         """Thread-safe: load `state` as `version` before the next forward pass."""
         with self._cv:
             self._updates.append((state, version, done or (lambda exc: None)))
@@ -227,8 +248,9 @@ class TorchEngine:
             self.step_hook(self.forwards)
         self._apply_updates()
         self.forwards += 1
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                         use_cache=True)
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
+        )
         return out.logits[:, -1, :]
 
     def _take_pending(self, room: int) -> list[_Request]:
@@ -265,16 +287,24 @@ class TorchEngine:
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, r in enumerate(rows):
-            ids[i, width - len(r.prompt):] = torch.tensor(r.prompt)
-            mask[i, width - len(r.prompt):] = 1
+            ids[i, width - len(r.prompt) :] = torch.tensor(r.prompt)
+            mask[i, width - len(r.prompt) :] = 1
         ids, mask = ids.to(dev), mask.to(dev)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         logits = self._forward(ids, mask, pos, cache)
-        return _Rows(rows, budget, [self._version] * len(rows), cache, mask, pos[:, -1], logits,
-                     torch.tensor([r.params.temperature for r in rows], device=dev),
-                     torch.tensor([r.params.top_p for r in rows], device=dev),
-                     torch.tensor([r.params.top_k for r in rows], device=dev))
+        return _Rows(
+            rows,
+            budget,
+            [self._version] * len(rows),
+            cache,
+            mask,
+            pos[:, -1],
+            logits,
+            torch.tensor([r.params.temperature for r in rows], device=dev),
+            torch.tensor([r.params.top_p for r in rows], device=dev),
+            torch.tensor([r.params.top_k for r in rows], device=dev),
+        )
 
     @torch.inference_mode()
     def _wave(self, batch: list[_Request]) -> None:
@@ -317,7 +347,9 @@ class TorchEngine:
                 tokens = tokens[torch.tensor(keep, device=self.device)]
             wave.mask = torch.cat([wave.mask, torch.ones_like(wave.mask[:, :1])], dim=1)
             wave.last_pos = wave.last_pos + 1
-            wave.logits = self._forward(tokens.unsqueeze(-1), wave.mask, wave.last_pos.unsqueeze(-1), wave.cache)
+            wave.logits = self._forward(
+                tokens.unsqueeze(-1), wave.mask, wave.last_pos.unsqueeze(-1), wave.cache
+            )
             # the oldest version in each row's KV cache (see the module docstring)
             wave.oldest = [min(v, self._version) for v in wave.oldest]
             joining = self._prefill(self._take_pending(self.max_batch - len(wave.rows)))
@@ -347,7 +379,8 @@ class _Rows:
         self.budget = [self.budget[i] for i in keep]
         self.oldest = [self.oldest[i] for i in keep]
         self.mask, self.last_pos, self.logits, self.temps, self.tops, self.topks = (
-            t[idx] for t in (self.mask, self.last_pos, self.logits, self.temps, self.tops, self.topks))
+            t[idx] for t in (self.mask, self.last_pos, self.logits, self.temps, self.tops, self.topks)
+        )
 
     def extend(self, other: _Rows) -> None:
         """Append `other`'s rows: both caches are left-padded to one length and concatenated
@@ -369,6 +402,12 @@ class _Rows:
         self.budget += other.budget
         self.oldest += other.oldest
         self.last_pos, self.logits, self.temps, self.tops, self.topks = (
-            torch.cat([a, b]) for a, b in ((self.last_pos, other.last_pos), (self.logits, other.logits),
-                                           (self.temps, other.temps), (self.tops, other.tops),
-                                           (self.topks, other.topks)))
+            torch.cat([a, b])
+            for a, b in (
+                (self.last_pos, other.last_pos),
+                (self.logits, other.logits),
+                (self.temps, other.temps),
+                (self.tops, other.tops),
+                (self.topks, other.topks),
+            )
+        )

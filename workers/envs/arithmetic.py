@@ -43,7 +43,9 @@ class ArithmeticEnv(Environment):
                     if op == "-" and b > a:
                         continue
                     answer = str(OPS[op](a, b))
-                    pool.append(TaskSpec(key=f"{a}{op}{b}", prompt=f"{a}{op}{b}=", payload={"answer": answer}))
+                    pool.append(
+                        TaskSpec(key=f"{a}{op}{b}", prompt=f"{a}{op}{b}=", payload={"answer": answer})
+                    )
         return cycle_pool(pool, seed)
 
     def reset(self, task: Task, codec: Codec, rng: random.Random) -> tuple[Any, str]:

@@ -53,8 +53,13 @@ class CodeEnv(Environment):
             for k in range(2, 10):
                 expr = form.format(k=k)
                 tests = [[[x], eval(expr, {"__builtins__": {"max": max}}, {"x": x})] for x in INPUTS]  # noqa: S307 - FORMS, ours
-                pool.append(TaskSpec(key=expr, prompt=f"#f(x)={expr}\n{HEAD}",
-                                     payload={"func": "f", "head": HEAD, "tests": tests}))
+                pool.append(
+                    TaskSpec(
+                        key=expr,
+                        prompt=f"#f(x)={expr}\n{HEAD}",
+                        payload={"func": "f", "head": HEAD, "tests": tests},
+                    )
+                )
         return cycle_pool(pool, seed)
 
     def reset(self, task: Task, codec: Codec, rng: random.Random) -> tuple[Any, str]:
@@ -72,6 +77,14 @@ class CodeEnv(Environment):
         result = await run_tests(source, state["func"], state["tests"], limits, self.args.isolation)
         if self.args.judge_latency_s:
             await asyncio.sleep(self.args.judge_latency_s)
-        return Step(reward=result.score, done=True,
-                    info={"passed": result.passed, "total": result.total, "reason": result.reason,
-                          "isolation": result.isolation, "truncated": codec.eos not in action})
+        return Step(
+            reward=result.score,
+            done=True,
+            info={
+                "passed": result.passed,
+                "total": result.total,
+                "reason": result.reason,
+                "isolation": result.isolation,
+                "truncated": codec.eos not in action,
+            },
+        )

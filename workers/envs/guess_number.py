@@ -33,8 +33,10 @@ class GuessNumberEnv(Environment):
 
     def tasks(self, seed: int) -> Iterator[tuple[TaskSpec, int]]:
         n = self.args.max_number
-        pool = [TaskSpec(key=f"{n}-{s}", prompt=f"G{n}:", payload={"secret": s, "max_number": n})
-                for s in range(1, n + 1)]
+        pool = [
+            TaskSpec(key=f"{n}-{s}", prompt=f"G{n}:", payload={"secret": s, "max_number": n})
+            for s in range(1, n + 1)
+        ]
         return cycle_pool(pool, seed)
 
     def reset(self, task: Task, codec: Codec, rng: random.Random) -> tuple[Any, str]:

@@ -45,7 +45,9 @@ class ReferentialEnv(Environment):
     def tasks(self, seed: int) -> Iterator[tuple[TaskSpec, int]]:
         a = self.args
         if len(set(a.symbols)) < a.n_candidates:
-            raise ValueError(f"symbols {a.symbols!r} has fewer than n_candidates={a.n_candidates} distinct characters")
+            raise ValueError(
+                f"symbols {a.symbols!r} has fewer than n_candidates={a.n_candidates} distinct characters"
+            )
         rng = random.Random(seed)
         pool, seen = [], set()
         for _ in range(a.pool_size * 20):

@@ -80,8 +80,13 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-async def run_tests(source: str, func: str, tests: list[list[Any]], limits: Limits = Limits(),
-                    isolation: Literal["auto", "bwrap", "none"] = "auto") -> SandboxResult:
+async def run_tests(
+    source: str,
+    func: str,
+    tests: list[list[Any]],
+    limits: Limits = Limits(),
+    isolation: Literal["auto", "bwrap", "none"] = "auto",
+) -> SandboxResult:
     """Run `func` of `source` on each (args, expected) of `tests` in the sandbox; judge it here.
 
     `isolation`: "auto" uses bubblewrap when it works here and falls back (warning once) when not;
@@ -96,11 +101,21 @@ async def run_tests(source: str, func: str, tests: list[list[Any]], limits: Limi
     home = None if isolated else tempfile.mkdtemp(prefix="astraflow-sandbox-")
     try:
         expected = [plain(want) for _, want in tests]
-        job = json.dumps({"source": source, "func": func, "inputs": [args for args, _ in tests],
-                          "isolated": isolated,
-                          "limits": {"cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb,
-                                     "fsize_mb": limits.fsize_mb, "nofile": limits.nofile,
-                                     "nproc": limits.nproc}}).encode()
+        job = json.dumps(
+            {
+                "source": source,
+                "func": func,
+                "inputs": [args for args, _ in tests],
+                "isolated": isolated,
+                "limits": {
+                    "cpu_s": limits.cpu_s,
+                    "memory_mb": limits.memory_mb,
+                    "fsize_mb": limits.fsize_mb,
+                    "nofile": limits.nofile,
+                    "nproc": limits.nproc,
+                },
+            }
+        ).encode()
         fd = seccomp_fd() if isolated else None
         if isolated:
             argv, cwd = [*bwrap_argv(HARNESS, fd), HARNESS_AT], None
@@ -112,9 +127,15 @@ async def run_tests(source: str, func: str, tests: list[list[Any]], limits: Limi
             argv, cwd = [python(), "-I", "-S", str(HARNESS)], home
         try:
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL, cwd=cwd, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-                start_new_session=True, pass_fds=() if fd is None else (fd,))
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+                cwd=cwd,
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                start_new_session=True,
+                pass_fds=() if fd is None else (fd,),
+            )
         finally:
             if fd is not None:
                 os.close(fd)

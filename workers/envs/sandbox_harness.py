@@ -28,16 +28,62 @@ CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
 MAX_DEPTH = 64
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-BLOCKED_EVENTS = ("os.fork", "os.forkpty", "os.system", "os.exec", "os.spawn", "os.posix_spawn",
-                  "subprocess.Popen", "os.kill", "os.killpg", "pty.spawn", "os.setuid", "os.setgid",
-                  "os.chroot", "resource.setrlimit", "resource.prlimit", "sys._current_frames")
-PRELOAD = ("math", "re", "itertools", "functools", "collections", "heapq", "bisect", "string", "random",
-           "operator", "time", "socket", "subprocess", "multiprocessing", "threading", "encodings.idna")
+BLOCKED_EVENTS = (
+    "os.fork",
+    "os.forkpty",
+    "os.system",
+    "os.exec",
+    "os.spawn",
+    "os.posix_spawn",
+    "subprocess.Popen",
+    "os.kill",
+    "os.killpg",
+    "pty.spawn",
+    "os.setuid",
+    "os.setgid",
+    "os.chroot",
+    "resource.setrlimit",
+    "resource.prlimit",
+    "sys._current_frames",
+)
+PRELOAD = (
+    "math",
+    "re",
+    "itertools",
+    "functools",
+    "collections",
+    "heapq",
+    "bisect",
+    "string",
+    "random",
+    "operator",
+    "time",
+    "socket",
+    "subprocess",
+    "multiprocessing",
+    "threading",
+    "encodings.idna",
+)
 # Native modules that reach the kernel without an audit event: importing them ends the run.
 UNAUDITED = ("_posixsubprocess", "_ctypes", "_posixshmem")
-PATH_EVENTS = ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.symlink",
-               "os.link", "os.truncate", "os.utime", "shutil.rmtree", "os.chdir", "os.chflags",
-               "os.listxattr", "os.setxattr", "os.removexattr")
+PATH_EVENTS = (
+    "os.remove",
+    "os.rename",
+    "os.rmdir",
+    "os.mkdir",
+    "os.chmod",
+    "os.chown",
+    "os.symlink",
+    "os.link",
+    "os.truncate",
+    "os.utime",
+    "shutil.rmtree",
+    "os.chdir",
+    "os.chflags",
+    "os.listxattr",
+    "os.setxattr",
+    "os.removexattr",
+)
 
 
 class Unjudgeable(Exception):
@@ -89,6 +135,7 @@ def disarm_unaudited():
     `subprocess` and `multiprocessing` import the stub (then meet their own audit events); the real
     module is never loaded, and importing it anew (after deleting the stub) meets the audit hook.
     """
+
     def fork_exec(*args, **kwargs):
         raise PermissionError("blocked: _posixsubprocess.fork_exec")
 
@@ -141,7 +188,8 @@ def main():
         if event == "open":
             path, mode, flags = args
             writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                isinstance(flags, int) and flags & WRITE_FLAGS)
+                isinstance(flags, int) and flags & WRITE_FLAGS
+            )
             if writing and not inside(path):
                 violation(f"write outside the sandbox directory ({path!r})")
             if not inside(path) and os.path.isdir(path):  # a descriptor that dir_fd= could write through

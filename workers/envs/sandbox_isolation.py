@@ -67,9 +67,20 @@ def bwrap_argv(harness: Path, seccomp: int | None = None) -> list[str]:
     `seccomp`: a descriptor holding the filter (`seccomp_fd()`), to be passed to the process.
     """
     exe = python()
-    argv = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
-            "--setenv", "LANG", "C.UTF-8"]
+    argv = [
+        "bwrap",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+        "--setenv",
+        "LANG",
+        "C.UTF-8",
+    ]
     if os.getuid() == 0:
         argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
@@ -89,10 +100,29 @@ def bwrap_argv(harness: Path, seccomp: int | None = None) -> list[str]:
         argv += ["--ro-bind", path, path]
     if seccomp is not None:
         argv += ["--seccomp", str(seccomp)]
-    argv += ["--ro-bind", str(harness), HARNESS_AT, "--dev", "/dev",
-             "--perms", "0777", "--size", str(TMPFS_BYTES), "--tmpfs", HOME, "--chdir", HOME,
-             # /dev is a tmpfs of its own, without a size: read-only too (its devices still work)
-             "--remount-ro", "/", "--remount-ro", "/dev", exe, "-I", "-S"]
+    argv += [
+        "--ro-bind",
+        str(harness),
+        HARNESS_AT,
+        "--dev",
+        "/dev",
+        "--perms",
+        "0777",
+        "--size",
+        str(TMPFS_BYTES),
+        "--tmpfs",
+        HOME,
+        "--chdir",
+        HOME,
+        # /dev is a tmpfs of its own, without a size: read-only too (its devices still work)
+        "--remount-ro",
+        "/",
+        "--remount-ro",
+        "/dev",
+        exe,
+        "-I",
+        "-S",
+    ]
     return argv
 
 
@@ -106,8 +136,12 @@ def probe(harness: Path) -> str | None:
     else:
         fd = seccomp_fd()
         try:
-            done = subprocess.run([*bwrap_argv(harness, fd), "-c", "pass"], capture_output=True, timeout=30,
-                                  pass_fds=() if fd is None else (fd,))
+            done = subprocess.run(
+                [*bwrap_argv(harness, fd), "-c", "pass"],
+                capture_output=True,
+                timeout=30,
+                pass_fds=() if fd is None else (fd,),
+            )
             why = None if done.returncode == 0 else done.stderr.decode("utf-8", "replace").strip()[:300]
             why = why if why is None else f"bwrap cannot create the sandbox: {why or done.returncode}"
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -116,8 +150,11 @@ def probe(harness: Path) -> str | None:
             if fd is not None:
                 os.close(fd)
     if why is not None:
-        log.warning("SANDBOX NOT ISOLATED: %s. Untrusted code runs with rlimits and an audit hook only "
-                    "(no mount, pid or network namespace); every result says isolation='none'. "
-                    "See workers/envs/sandbox_isolation.py for what the container needs.", why)
+        log.warning(
+            "SANDBOX NOT ISOLATED: %s. Untrusted code runs with rlimits and an audit hook only "
+            "(no mount, pid or network namespace); every result says isolation='none'. "
+            "See workers/envs/sandbox_isolation.py for what the container needs.",
+            why,
+        )
     _probed["result"] = why
     return why

@@ -75,7 +75,7 @@ def judge(out: bytes, expected: list[Any], limit: int) -> Verdict:
             return Verdict(0, False, f"malformed output line {n}: {type(exc).__name__}")
         if type(record) is not dict or len(record) != 1:
             return Verdict(0, False, f"malformed output line {n}: not a one-key object")
-        (key, value), = record.items()
+        ((key, value),) = record.items()
         if key == "e" and type(value) is str:
             stopped = True
             reason = value[:REASON_CHARS]  # why it stopped says more than an earlier wrong answer

@@ -31,7 +31,9 @@ ATTRIBUTES = {
 
 
 @lru_cache(maxsize=64)
-def make_corpus(corpus_seed: int, n_entities: int) -> tuple[tuple[str, ...], tuple[tuple[str, str, str], ...]]:
+def make_corpus(
+    corpus_seed: int, n_entities: int
+) -> tuple[tuple[str, ...], tuple[tuple[str, str, str], ...]]:
     """Deterministic corpus: (documents, facts as (entity, attribute, value))."""
     rng = random.Random(corpus_seed)
     names: list[str] = []
@@ -72,17 +74,36 @@ class SearchEnv(Environment):
         for c in range(self.args.n_corpora):
             corpus_seed = seed * 1000 + c
             for entity, attr, value in make_corpus(corpus_seed, self.args.n_entities)[1]:
-                pool.append(TaskSpec(key=f"{corpus_seed}-{entity}-{attr}", prompt=f"{attr} of {entity}?\n",
-                                     payload={"corpus_seed": corpus_seed, "n_entities": self.args.n_entities,
-                                              "answer": value}))
+                pool.append(
+                    TaskSpec(
+                        key=f"{corpus_seed}-{entity}-{attr}",
+                        prompt=f"{attr} of {entity}?\n",
+                        payload={
+                            "corpus_seed": corpus_seed,
+                            "n_entities": self.args.n_entities,
+                            "answer": value,
+                        },
+                    )
+                )
         return cycle_pool(pool, seed)
 
     def reset(self, task: Task, codec: Codec, rng: random.Random) -> tuple[Any, str]:
         p = task.payload
-        if not isinstance(p.get("corpus_seed"), int) or not isinstance(p.get("answer"), str) or not task.prompt:
-            raise ValueError("a search task needs a prompt, payload.corpus_seed (int) and payload.answer (str)")
+        if (
+            not isinstance(p.get("corpus_seed"), int)
+            or not isinstance(p.get("answer"), str)
+            or not task.prompt
+        ):
+            raise ValueError(
+                "a search task needs a prompt, payload.corpus_seed (int) and payload.answer (str)"
+            )
         n = int(p.get("n_entities", self.args.n_entities))
-        return {"index": index_for(p["corpus_seed"], n), "answer": p["answer"], "turns": 0, "searches": 0}, task.prompt
+        return {
+            "index": index_for(p["corpus_seed"], n),
+            "answer": p["answer"],
+            "turns": 0,
+            "searches": 0,
+        }, task.prompt
 
     def turn_params(self, state: Any, codec: Codec) -> dict[str, Any]:
         return {"max_tokens": self.args.max_line_tokens, "stop_token_ids": (codec.eos, *codec.ids("\n"))}

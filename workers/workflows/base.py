@@ -82,18 +82,32 @@ class EpisodeContext:
             return self.task.roles[role]
         if len(roles) == 1 and len(self.task.roles) == 1:
             return next(iter(self.task.roles.values()))
-        raise ValueError(f"task {self.task.task_id} has roles {sorted(self.task.roles)} but this workflow "
-                         f"needs {list(roles)}")
+        raise ValueError(
+            f"task {self.task.task_id} has roles {sorted(self.task.roles)} but this workflow "
+            f"needs {list(roles)}"
+        )
 
-    async def generate(self, view: View, policy: str, max_tokens: int = 16,
-                       stop_token_ids: Sequence[int] = (), seed: int | None = None) -> GenResult:
+    async def generate(
+        self,
+        view: View,
+        policy: str,
+        max_tokens: int = 16,
+        stop_token_ids: Sequence[int] = (),
+        seed: int | None = None,
+    ) -> GenResult:
         """One model turn of `policy` continuing `view`; appended to it. `seed`: the turn's own
         sampling seed (SamplingParams.seed)."""
         engine = self.engines.get(policy)
         if engine is None:
             raise ValueError(f"no engine serves policy {policy!r} in this worker")
-        params = SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                                max_tokens=max_tokens, stop_token_ids=tuple(stop_token_ids), seed=seed)
+        params = SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_tokens=max_tokens,
+            stop_token_ids=tuple(stop_token_ids),
+            seed=seed,
+        )
         start = time.monotonic()
         result = await engine.generate(view.tokens, params)
         self.timings["generate_s"] += time.monotonic() - start

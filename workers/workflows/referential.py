@@ -35,8 +35,12 @@ class ReferentialWorkflow(Workflow):
         heard.add_env([codec.bos, *codec.ids(before)])
         heard.add_env(message.tokens)
         heard.add_env(codec.ids(after))
-        choice = await ctx.generate(heard, listener, **env.listener_params(codec),  # type: ignore[attr-defined]
-                                    seed=seed)
+        choice = await ctx.generate(
+            heard,
+            listener,
+            **env.listener_params(codec),  # type: ignore[attr-defined]
+            seed=seed,
+        )
         reward = 1.0 if env.success(state, choice.tokens, codec) else 0.0  # type: ignore[attr-defined]
         said.rewards = {speaker: reward}
         heard.rewards = {listener: reward}
