@@ -8,6 +8,11 @@ growth between them and the least-squares slope over the second half of the run 
 minutes), with the machine and the trainer's steps; `--out` keeps every sample as JSON.
 
     PYTHONPATH=. python -m bench.soak [--minutes 30] [--every 30] [--warmup 5] [--out soak.json]
+        [--dedupe-ttl S] [--dedupe-window N] [--pretouch]
+
+The defaults keep a tombstone of every group for an hour (streams) and the last 100,000 groups
+(trainer): their plateaus come after a 30-minute soak. `--dedupe-ttl 600 --dedupe-window 20000`
+bring them inside it, so that every bound shows as a flat line.
 """
 
 from __future__ import annotations
@@ -85,21 +90,48 @@ def table(samples: list[dict[str, Any]], warmup_s: float) -> list[str]:
     return lines
 
 
+def soak_recipe(data: dict[str, Any], dedupe_ttl: float | None, dedupe_window: int | None) -> dict[str, Any]:
+    """The recipe `data` without a step limit, with the soak's dedupe bounds where given."""
+    data = {**data, "run": {**(data.get("run") or {}), "max_steps": None}}
+    if dedupe_ttl is not None:
+        stages = [dict(stage) for stage in data["streams"]["pipeline"]]
+        for stage in stages:
+            if stage["name"] == "group":
+                stage["args"] = {**(stage.get("args") or {}), "dedupe_ttl_s": dedupe_ttl}
+        data["streams"] = {**data["streams"], "pipeline": stages}
+    if dedupe_window is not None:
+        data["trainer"] = {**data["trainer"], "dedupe_window": dedupe_window}
+    return data
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--every", type=float, default=30.0, help="seconds between samples")
     ap.add_argument("--warmup", type=float, default=5.0, help="minutes before memory counts as warm")
     ap.add_argument("--out", type=Path, help="write every sample here (JSON)")
+    ap.add_argument(
+        "--dedupe-ttl",
+        type=float,
+        help="streams' group dedupe_ttl_s (default the recipe's, 1 h): shorter, its tombstones plateau in the soak",
+    )
+    ap.add_argument("--dedupe-window", type=int, help="trainer.dedupe_window (default 100,000 groups)")
+    ap.add_argument(
+        "--pretouch",
+        action="store_true",
+        help="the broker JVM touches its whole fixed heap at start (-XX:+AlwaysPreTouch), so that its RSS "
+        "is the heap from the first sample and only the rest of its memory can grow",
+    )
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="astraflow-soak-"))
     data = yaml.safe_load((REPO / "recipes" / "arithmetic.yaml").read_text())
-    data["run"] = {**(data.get("run") or {}), "max_steps": None}
     recipe = work / "arithmetic.yaml"
-    recipe.write_text(yaml.safe_dump(data))
+    recipe.write_text(yaml.safe_dump(soak_recipe(data, args.dedupe_ttl, args.dedupe_window)))
     run_dir = work / "run"
     env = subprocess_env()  # no ASTRAFLOW_BOOTSTRAP: the run starts its own broker, whose memory counts too
+    if args.pretouch:
+        env["JAVA_TOOL_OPTIONS"] = (env.get("JAVA_TOOL_OPTIONS", "") + " -XX:+AlwaysPreTouch").strip()
     proc = start_run(recipe, run_dir, env, "--max-minutes", str(args.minutes))
     t0 = time.monotonic()
     samples: list[dict[str, Any]] = []
@@ -126,6 +158,11 @@ def main() -> int:
     print(
         f"recipe: arithmetic, {args.minutes:g} min, {samples[-1]['steps']} trainer steps, RSS sampled every "
         f"{args.every:g} s (warm after {args.warmup:g} min)"
+    )
+    print(
+        f"dedupe_ttl_s {args.dedupe_ttl if args.dedupe_ttl is not None else 'recipe'}, dedupe_window "
+        f"{args.dedupe_window if args.dedupe_window is not None else 'default'}, broker heap pre-touched: "
+        f"{'yes' if args.pretouch else 'no'}"
     )
     print("\n".join(table(samples, args.warmup * 60)))
     if args.out:

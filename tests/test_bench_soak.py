@@ -43,3 +43,19 @@ def test_the_table_measures_growth_from_the_first_warm_sample() -> None:
     name, warm, end, growth, slope = row.split()
     assert name == "streams" and float(warm) == pytest.approx(100.5) and float(end) == pytest.approx(101.9)
     assert float(growth) == pytest.approx(1.4) and slope == "+1.0/10m"
+
+
+def test_the_soak_recipe_brings_the_dedupe_bounds_inside_the_run(tmp_path) -> None:
+    import yaml
+
+    from astraflow.config import load_recipe
+    from tests.conftest import REPO
+
+    data = yaml.safe_load((REPO / "recipes" / "arithmetic.yaml").read_text())
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(soak.soak_recipe(data, 600.0, 20_000)))
+    recipe = load_recipe(tmp_path / "r.yaml")
+    assert recipe.run.max_steps is None and recipe.trainer.dedupe_window == 20_000
+    group = next(s for s in recipe.streams.pipeline if s.name == "group")
+    assert group.args == {"dedupe_ttl_s": 600.0}
+    plain = soak.soak_recipe(data, None, None)
+    assert plain["trainer"] == data["trainer"] and plain["streams"] == data["streams"]
