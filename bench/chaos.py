@@ -1,12 +1,12 @@
 """`make chaos`: the long fault-injection run. One run directory of recipes/arithmetic.yaml (tiny
 model) on a broker of its own that this script starts, in `--rounds` rounds. In each round: a new
 `astraflow run` resumes the run directory; each component kind (worker, streams, trainer, feeder)
-is SIGKILLed once, once the trainer took a step, in a shuffled order a few seconds apart; the trainer must then advance a step
-within `--stall-s` seconds (else: a stall); then the supervisor is SIGKILLed (its components get
-SIGTERM) and the next round resumes. In `--broker-restarts` rounds the broker is SIGKILLed too,
-while every client runs, and started again on its data directory and port. The trainer is also
-killed at its failpoints (mid-step, mid-checkpoint, mid-publication). At the end the run is
-drained and its ledger taken (astraflow/runner/ledger.py): lost, duplicated, stalls.
+is SIGKILLed once, once the trainer took a step, in a shuffled order a few seconds apart; the
+trainer must then advance a step within `--stall-s` seconds (else: a stall); then the supervisor is
+SIGKILLed (its components get SIGTERM) and the next round resumes. In `--broker-restarts` rounds the
+broker is SIGKILLed too, while every client runs, and started again on its data directory and port.
+The trainer is also killed at its failpoints (mid-step, mid-checkpoint, mid-publication). At the end
+the run is drained and its ledger taken (astraflow/runner/ledger.py): lost, duplicated, stalls.
 (Rounds rather than one fault at a time: on the 2-core machine a restart costs a minute or more.)
 
     PYTHONPATH=. python -m bench.chaos [--rounds 10] [--seed 0] [--out bench/chaos-result.json]
@@ -116,8 +116,8 @@ def main() -> int:
                 break
             steps = max(steps, trainer_steps(run_dir, POLICY))
             print(
-                f"[chaos] {time.time() - started:6.0f}s round {rnd + 1}/{args.rounds}: killed {', '.join(kinds)}; "
-                f"step {steps} after {recoveries[-1]:.0f}s",
+                f"[chaos] {time.time() - started:6.0f}s round {rnd + 1}/{args.rounds}: "
+                f"killed {', '.join(kinds)}; step {steps} after {recoveries[-1]:.0f}s",
                 flush=True,
             )
             supervisor_kill(proc, run_dir)  # after the last round too: the drain runs on a resume

@@ -69,7 +69,8 @@ def main() -> None:
     }
     print(f"machine: {describe()}")
     print(
-        f"record: Trajectory of 1,024 tokens; astraflow {len(data)} B, json {len(js)} B, msgpack-lists {len(mp)} B"
+        f"record: Trajectory of 1,024 tokens; astraflow {len(data)} B, json {len(js)} B, "
+        f"msgpack-lists {len(mp)} B"
     )
     print(f"{'':26s} {'records/s':>12s} {'MB/s':>8s}")
     for name, (r, size) in rows.items():

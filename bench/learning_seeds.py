@@ -137,7 +137,10 @@ def markdown(results: list[dict[str, Any]]) -> str:
         lines.append(f"| {recipe} | {t['learned']} / {t['runs']} | {missed} | {'; '.join(t['targets'])} |")
     lines += [
         "",
-        "| recipe | seed | policy | reward first / last / best tenth | success first / last / best tenth | learned |",
+        (
+            "| recipe | seed | policy | reward first / last / best tenth "
+            "| success first / last / best tenth | learned |"
+        ),
         "|---|---:|---|---|---|---|",
     ]
 
@@ -148,8 +151,9 @@ def markdown(results: list[dict[str, Any]]) -> str:
         for p, s in r["stats"].items():
             lines.append(
                 f"| {r['recipe']} | {r['seed']} | {p} | {f(s['reward.first_tenth'])} / "
-                f"{f(s['reward.last_tenth'])} / {f(s['reward.best_tenth'])} | {f(s['success.first_tenth'])} / "
-                f"{f(s['success.last_tenth'])} / {f(s['success.best_tenth'])} | "
+                f"{f(s['reward.last_tenth'])} / {f(s['reward.best_tenth'])} | "
+                f"{f(s['success.first_tenth'])} / {f(s['success.last_tenth'])} / "
+                f"{f(s['success.best_tenth'])} | "
                 f"{'yes' if r['learned'] else 'no: ' + '; '.join(r['failed_targets'])} |"
             )
     return "\n".join(lines) + "\n"

@@ -224,9 +224,9 @@ def main() -> None:
             results[name] = measure(recipe_file, args.steps, work / name, code)
     print(f"machine: {describe()}")
     print(
-        f"workload: {recipe.name} {json.dumps(data.get('feeder', {}).get('env_args', {}))}, {args.steps} steps of "
-        f"{recipe.trainer.batch_groups} groups x {recipe.feeder.group_size}, max_staleness {recipe.max_staleness}, "
-        f"{recipe.worker.count} workers; overrides {args.set}; runs: "
+        f"workload: {recipe.name} {json.dumps(data.get('feeder', {}).get('env_args', {}))}, "
+        f"{args.steps} steps of {recipe.trainer.batch_groups} groups x {recipe.feeder.group_size}, "
+        f"max_staleness {recipe.max_staleness}, {recipe.worker.count} workers; overrides {args.set}; runs: "
         + ", ".join(f"{n} = {c}" for n, c in codes.items())
     )
     print(
@@ -240,7 +240,8 @@ def main() -> None:
         )
     if "baseline" in results:
         print(
-            f"speed of this / baseline (steps 2..N): {results['baseline']['steps_s'] / results['this']['steps_s']:.2f}x"
+            f"speed of this / baseline (steps 2..N): "
+            f"{results['baseline']['steps_s'] / results['this']['steps_s']:.2f}x"
         )
     names = list(results)
     print(f"{'stage (p50 / p90 ms)':52s} " + " ".join(f"{n:>17s}" for n in names))

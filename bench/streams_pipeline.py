@@ -290,8 +290,8 @@ def main() -> None:
         f"{pct(raw_lat, 50):.1f} | {pct(raw_lat, 99):.1f} |"
     )
     print(
-        f"| streams validate -> group -> zero_variance -> grpo -> route | {n / pipe_t:,.0f} | {mb / pipe_t:,.1f} | "
-        f"{raw_t / pipe_t:.3f} | {pct(pipe_lat, 50):.1f} | {pct(pipe_lat, 99):.1f} |"
+        f"| streams validate -> group -> zero_variance -> grpo -> route | {n / pipe_t:,.0f} | "
+        f"{mb / pipe_t:,.1f} | {raw_t / pipe_t:.3f} | {pct(pipe_lat, 50):.1f} | {pct(pipe_lat, 99):.1f} |"
     )
     print(
         f"latency runs: {args.rate:.0f} trajectories/s for {args.seconds:.0f} s; pipeline latency is per "

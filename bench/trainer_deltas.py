@@ -118,8 +118,9 @@ def main() -> None:
     r0 = results[0]
     print(f"Machine: {describe()}")
     print(
-        f"Tiny Qwen2 (hidden 128, 4 layers), {r0['params']:,} unique bf16 elements, snapshot {r0['snapshot']:,} B; "
-        f"{args.steps} steps of {args.groups} groups x 8 samples per learning rate.\n"
+        f"Tiny Qwen2 (hidden 128, 4 layers), {r0['params']:,} unique bf16 elements, "
+        f"snapshot {r0['snapshot']:,} B; {args.steps} steps of {args.groups} groups x 8 samples "
+        f"per learning rate.\n"
     )
     print(
         "| lr | elements unchanged per step (min-max) | delta / snapshot, raw | delta / snapshot, zstd-3 "
@@ -128,7 +129,8 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---|")
     for r in results:
         print(
-            f"| {r['lr']:.0e} | {1 - r['changed']:.4f} ({1 - r['changed_max']:.4f}-{1 - r['changed_min']:.4f}) "
+            f"| {r['lr']:.0e} | {1 - r['changed']:.4f} "
+            f"({1 - r['changed_max']:.4f}-{1 - r['changed_min']:.4f}) "
             f"| {r['raw']:.4f} | {r['zst']:.4f} | {1 / r['zst']:.1f}x | "
             f"{'yes' if r['bit_identical'] else 'NO'} ({r['chain']} deltas, {r['apply_ms']:.0f} ms) |"
         )

@@ -86,7 +86,10 @@ def table(key: str, rows: list[dict[str, Any]]) -> str:
     values = list(dict.fromkeys(r["value"] for r in rows))
     lines += [
         "",
-        f"| {key} | seeds | reward first tenth | last tenth | best tenth | stale share | mean lag | mismatch.abs |",
+        (
+            f"| {key} | seeds | reward first tenth | last tenth | best tenth | stale share | mean lag "
+            "| mismatch.abs |"
+        ),
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for v in values:

@@ -18,9 +18,9 @@ the greedy accuracy over all 100 prompts of the final checkpoint loaded with
 
 TRL is the optional `bench` extra and never in the default install. Its dependencies clash with
 the lock (see bench/RESULTS.md), so it lives in its own venv that also sees ours; the TRL half runs
-there as a subprocess (`--trl-python`):
+there as a subprocess (`--trl-python`, by default /root/.cache/astraflow/venv-trl/bin/python):
 
-    python -m bench.vs_trl [--steps 1000] [--lr 1e-4] [--trl-python /root/.cache/astraflow/venv-trl/bin/python]
+    python -m bench.vs_trl [--steps 1000] [--lr 1e-4] [--trl-python PATH]
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@
 Members of one consumer group on an 8-partition `tasks` topic, each a consumer with the workers'
 own settings (`workers.worker.task_consumer_overrides`), in threads of this process: they take
 messages, store offsets after "processing" and commit on revoke, as the worker does. A producer
-writes a steady stream of time-stamped messages round-robin over the partitions. Each message is held `--episode` seconds
-before its offset is stored; a revoked partition's messages in flight are released (re-run by the new
-owner), as the worker cancels a revoked task's episodes. Membership goes 1 -> 6 (one join every
-`--step` seconds) -> 2 (one `close()` every step), as in tests/e2e/test_elastic_scale.py.
+writes a steady stream of time-stamped messages round-robin over the partitions. Each message is held
+`--episode` seconds before its offset is stored; a revoked partition's messages in flight are released
+(re-run by the new owner), as the worker cancels a revoked task's episodes. Membership goes 1 -> 6 (one
+join every `--step` seconds) -> 2 (one `close()` every step), as in tests/e2e/test_elastic_scale.py.
 
 The pause of a join or leave = the longest wait (last taken - produced: a released message waits for
 its re-delivery) of a message produced between
@@ -206,7 +206,8 @@ def measure(
 def report(results: list[dict[str, Any]]) -> None:
     print(
         "\n| variant | steady: pause s (max) | joins: pause s (median / max) | partitions stalled per join | "
-        "leaves: pause s (median / max) | partitions stalled per leave | released in flight | re-delivered | vs baseline (max pause) |"
+        "leaves: pause s (median / max) | partitions stalled per leave | released in flight | re-delivered "
+        "| vs baseline (max pause) |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     baseline = None
@@ -217,10 +218,12 @@ def report(results: list[dict[str, Any]]) -> None:
         worst = max(e[1] for e in joins + leaves)
         baseline = baseline or worst
         print(
-            f"| {r['variant']} | {max(e[1] for e in steady):.2f} | {statistics.median(e[1] for e in joins):.2f} / {max(e[1] for e in joins):.2f} | "
+            f"| {r['variant']} | {max(e[1] for e in steady):.2f} | "
+            f"{statistics.median(e[1] for e in joins):.2f} / {max(e[1] for e in joins):.2f} | "
             f"{statistics.mean(e[2] for e in joins):.1f} | "
             f"{statistics.median(e[1] for e in leaves):.2f} / {max(e[1] for e in leaves):.2f} | "
-            f"{statistics.mean(e[2] for e in leaves):.1f} | {r['released']} | {r['redelivered']} | {worst / baseline:.1f}x |"
+            f"{statistics.mean(e[2] for e in leaves):.1f} | {r['released']} | {r['redelivered']} | "
+            f"{worst / baseline:.1f}x |"
         )
     print("\nper event (pause s, partitions stalled):")
     for r in results:

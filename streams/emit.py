@@ -13,9 +13,10 @@ closes it:
 
 A worker that finds a group in `intent` (the previous one died between 1 and 3) reads the target
 partitions back from the intent's time onwards (`read_back`, opening SampleBatch records) and
-produces only the Samples that are not there. Samples are identified by (topic, traj_id), which are deterministic. The one
-remaining race: a produce request of the dead worker that the broker has received but not yet
-appended when the new worker reads back; the restart takes seconds, the append milliseconds.
+produces only the Samples that are not there. Samples are identified by (topic, traj_id),
+which are deterministic. The one remaining race: a produce request of the dead worker that the
+broker has received but not yet appended when the new worker reads back; the restart takes
+seconds, the append milliseconds.
 """
 
 from __future__ import annotations

@@ -174,7 +174,8 @@ def build_pipeline(config: StreamsConfig, ctx: StageContext) -> Pipeline:
     if not seen_advantage:
         raise ConfigError(
             "streams.pipeline: no advantage estimator before 'route' "
-            "(add one of grpo, dr_grpo, rloo, reinforce_pp_baseline, reinforce_pp or a plug-in of kind 'advantage')"
+            "(add one of grpo, dr_grpo, rloo, reinforce_pp_baseline, reinforce_pp "
+            "or a plug-in of kind 'advantage')"
         )
     duplicates = {n for n in names[2:-1] if names.count(n) > 1}
     if duplicates:

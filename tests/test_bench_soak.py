@@ -15,7 +15,10 @@ from bench import soak
             "trainer",
         ),
         (
-            "/venv/bin/python -m astraflow.cli worker --recipe r.yaml --run-dir /tmp/run --region local --id worker-0",
+            (
+                "/venv/bin/python -m astraflow.cli worker --recipe r.yaml --run-dir /tmp/run "
+                "--region local --id worker-0"
+            ),
             "worker worker-0",
         ),
         ("/venv/bin/python -m astraflow.cli run r.yaml --run-dir /tmp/run --no-dashboard", "run"),

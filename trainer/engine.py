@@ -7,8 +7,8 @@ divided by the batch-wide token (or sequence) count, so the sum over micro-batch
 data-parallel ranks, is exactly the batch's loss. Under DDP every rank runs its rows and the
 gradients are all-reduced once, on the last micro-batch (DDP averages, so the loss is scaled by the
 world size to keep the sum). Under FSDP2 (`trainer.parallel: fsdp`, trainer/sharding.py) the same
-holds with a reduce-scatter, which also averages. The learning rate follows a linear warm-up, set explicitly each step
-so that nothing but the step number needs checkpointing.
+holds with a reduce-scatter, which also averages. The learning rate follows a linear warm-up, set
+explicitly each step so that nothing but the step number needs checkpointing.
 
 M2PO's mask is a property of the whole batch (the largest squared log-ratios of all its tokens),
 so it cannot be decided inside one micro-batch: with `policy_loss: m2po` a step first runs a

@@ -24,11 +24,12 @@ Metrics (component `trainer`, one Metric per step; sums over the batch unless no
   top_p and top_k, so ~0 on-policy), mismatch.kl (k3 estimate of KL(mu || pi)), is_weight.mean,
   outside_support (share of loss tokens outside pi's top-p/top-k set, masked out of the loss),
   grad_norm, lr, tokens_per_s (all tokens of the batch / step time), reward.mean and reward.success
-  (mean reward, and share of samples with reward >= trainer.success_threshold, over the batch's groups), batch.groups, batch.samples,
-  batch.tokens, loss_tokens, staleness.lag.<k> (samples of this batch at lag k, k < 16; staleness.lag.ge16 for the rest), staleness.mean,
-  staleness.dropped (stale samples of this batch), and running totals samples.in,
-  samples.duplicate, samples.stale, samples.lost_to_retention (deleted by retention past the checkpoint
-  before a resumed trainer read them), groups.trained, deadletter, wait_s (seconds with no batch). kl_ref is the estimator that
+  (mean reward, and share of samples with reward >= trainer.success_threshold, over the batch's
+  groups), batch.groups, batch.samples, batch.tokens, loss_tokens, staleness.lag.<k> (samples of
+  this batch at lag k, k < 16; staleness.lag.ge16 for the rest), staleness.mean, staleness.dropped
+  (stale samples of this batch), and running totals samples.in, samples.duplicate, samples.stale,
+  samples.lost_to_retention (deleted by retention past the checkpoint before a resumed trainer read
+  them), groups.trained, deadletter, wait_s (seconds with no batch). kl_ref is the estimator that
   trainer.loss.kl_estimator names. With policy_loss m2po, also m2po.m2 (mean squared log-ratio of
   the batch before masking), m2po.m2_kept (after) and m2po.masked_fraction (= its clip_fraction).
 """

@@ -163,7 +163,10 @@ def refusal(task: Task, runtime: Runtime, max_group_size: int) -> str | None:
     """Why a task that decoded cannot run on this worker (its dead letter's reason), or None: a
     group larger than `worker.max_group_size`, or an environment, workflow or roles it cannot resolve."""
     if task.group_size > max_group_size:
-        return f"task {task.task_id}: group_size {task.group_size} exceeds worker.max_group_size {max_group_size}"
+        return (
+            f"task {task.task_id}: group_size {task.group_size} "
+            f"exceeds worker.max_group_size {max_group_size}"
+        )
     try:
         runtime.resolve(task)
     except (ConfigError, ValueError) as exc:

@@ -341,7 +341,8 @@ def start(
         state.save()
         (data_dir / "broker.pid").write_text(str(proc.pid))
         progress(
-            f"started Kafka {kafka_version()} (PID {proc.pid}), waiting for {state.bootstrap}; log: {log_file}"
+            f"started Kafka {kafka_version()} (PID {proc.pid}), waiting for {state.bootstrap}; "
+            f"log: {log_file}"
         )
         deadline = started + timeout
         while time.time() < deadline:

@@ -308,7 +308,8 @@ def main(argv: list[str] | None = None) -> None:
         await proxy.serve(stop)
 
     print(
-        f"linkproxy {os.getpid()}: {', '.join(f'{r.name} -> {r.target[0]}:{r.target[1]}' for r in args.route)}",
+        f"linkproxy {os.getpid()}: "
+        f"{', '.join(f'{r.name} -> {r.target[0]}:{r.target[1]}' for r in args.route)}",
         flush=True,
     )
     asyncio.run(run())

@@ -360,7 +360,8 @@ class Run:
                     self.event(line)  # also in events.log: a hang is never silent
                     asked = sup.dump_stacks()
                     self.event(
-                        f"stall: the thread stacks of {', '.join(asked)} are in their logs ({self.run_dir}/logs)"
+                        f"stall: the thread stacks of {', '.join(asked)} are in their logs "
+                        f"({self.run_dir}/logs)"
                     )
                 if time.time() - last_advice > ADVICE_EVERY_S:
                     last_advice = time.time()

@@ -289,9 +289,10 @@ def test_workers_scale_1_to_6_to_2_mid_run_and_nothing_is_lost(kafka_bootstrap: 
     gaps, released = partition_moves(run_dir)
     print(
         f"\nelastic scale: {len(fed)} tasks; {marks}; trained before the scale-down {at_two}; trajectories "
-        f"per worker {dict(episodes)}, by the pair after it {pair}; drops {dict(dropped)}; {len(gaps)} partition "
-        f"moves, paused -> assigned s: median {statistics.median(gaps) if gaps else 0:.2f}, "
-        f"max {max(gaps, default=0):.2f}; {released} tasks released to be re-run"
+        f"per worker {dict(episodes)}, by the pair after it {pair}; drops {dict(dropped)}; "
+        f"{len(gaps)} partition moves, paused -> assigned s: median "
+        f"{statistics.median(gaps) if gaps else 0:.2f}, max {max(gaps, default=0):.2f}; "
+        f"{released} tasks released to be re-run"
     )
     assert all(episodes[w] > 0 for w in procs), episodes
     # every episode of every fed task arrived, once per traj_id (re-runs after a rebalance share ids)

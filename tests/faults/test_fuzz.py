@@ -11,9 +11,10 @@ compressible ones over it that the broker takes compressed).
 
 Each record is invalid for its consumer by construction: the consumer's own check (the codec's
 `decode` and, for the worker, `workers.episodes.refusal`; for streams its `validate` stage) refuses
-it before it is sent, and the reason it gives is what the dead letter must carry. The run must not crash or restart any component, its trainer
-must keep taking steps, and `deadletter` must hold every fuzzed record exactly once, from the
-component that consumes its topic, with the topic, partition and offset it was produced at.
+it before it is sent, and the reason it gives is what the dead letter must carry. The run must not
+crash or restart any component, its trainer must keep taking steps, and `deadletter` must hold every
+fuzzed record exactly once, from the component that consumes its topic, with the topic, partition
+and offset it was produced at.
 """
 
 from __future__ import annotations

@@ -362,7 +362,8 @@ def test_cispo_keeps_every_gradient_and_clips_only_the_weight() -> None:
 
 
 def test_m2po_cut_masks_the_largest_squares_until_the_second_moment_fits() -> None:
-    # squares 4, 1, .01, .01, 0: mean 1.004; without the 4: 1.02 / 4 = .255; without the 1 too: .02 / 3 = .0067
+    # squares 4, 1, .01, .01, 0: mean 1.004; without the 4: 1.02 / 4 = .255;
+    # without the 1 too: .02 / 3 = .0067
     squares = T([0.01, 4.0, 0.0, 1.0, 0.01])
     assert m2po_cut(squares, 0.04) == 1.0  # masks 4 and 1
     assert m2po_cut(squares, 0.3) == 4.0  # .255 <= .3: masks 4 only

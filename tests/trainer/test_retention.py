@@ -22,7 +22,8 @@ def test_gaps_are_where_the_low_watermark_passed_the_checkpoint() -> None:
     assert retention.gaps({}, lows) == {}
     assert retention.describe("ns.samples.solver", {1: (50, 80), 4: (0, 2)}) == (
         "ns.samples.solver: 32 samples past the checkpoint were deleted by retention before this trainer "
-        "read them (partition 1: offsets 50..79, partition 4: offsets 0..1); it resumes at the earliest offsets left"
+        "read them (partition 1: offsets 50..79, partition 4: offsets 0..1); "
+        "it resumes at the earliest offsets left"
     )
 
 

@@ -139,7 +139,8 @@ def test_workers_share_join_and_survive_sigkill(kafka: KafkaSettings, topics: An
     duplicates = len(trajs) - len({t.traj_id for t in trajs})
     print(
         f"\nelastic: {TASKS} tasks x {GROUP}: trajectories per worker {dict(counts)}, "
-        f"{duplicates} duplicates (re-runs after the kill/rebalances), {done_before_kill} tasks done before the kill"
+        f"{duplicates} duplicates (re-runs after the kill/rebalances), "
+        f"{done_before_kill} tasks done before the kill"
     )
     # re-runs carry the same ids: downstream dedupe leaves exactly TASKS x GROUP trajectories
     assert len({t.traj_id for t in trajs}) == TASKS * GROUP

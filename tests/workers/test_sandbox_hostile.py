@@ -211,7 +211,8 @@ def test_bubblewrap_walls_hold_without_the_audit_hook(outside: Outside) -> None:
 
 
 def test_killing_bwrap_ends_every_process_inside() -> None:
-    """What the wall-clock kill relies on: a process the program forked (no audit hook here) dies with bwrap."""
+    """What the wall-clock kill relies on: a process the program forked (no audit hook here)
+    dies with bwrap."""
     from workers.envs.sandbox import HARNESS
     from workers.envs.sandbox_isolation import bwrap_argv
 

@@ -111,7 +111,10 @@ def _acked(loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
         ),
         (
             Task(task_id="lost", env="nosuchenv", roles={"solver": "policy"}, group_size=4),
-            "task lost: unknown environment 'nosuchenv'; known: arithmetic, code, guess_number, referential_game, search",
+            (
+                "task lost: unknown environment 'nosuchenv'; "
+                "known: arithmetic, code, guess_number, referential_game, search"
+            ),
         ),
     ],
 )

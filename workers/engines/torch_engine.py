@@ -4,9 +4,10 @@ Episodes (asyncio tasks of the worker) submit requests; one engine thread gather
 pending into a batch (a "wave"), prefills it left-padded, then decodes all rows together, dropping
 rows from the KV cache as they finish. A request that arrives while a wave decodes joins it at the
 next decode step: it is prefilled on its own and its KV cache merged into the wave's (both
-left-padded to one length), so an episode never waits for a wave to end. Every token records the log-prob of the distribution it was
-drawn from (temperature, top-p and top-k applied: `astraflow/sampling.py`, the function the trainer
-uses too). CPU or CUDA, float32 or bfloat16 (log-probs are computed in float32).
+left-padded to one length), so an episode never waits for a wave to end. Every token records the
+log-prob of the distribution it was drawn from (temperature, top-p and top-k applied:
+`astraflow/sampling.py`, the function the trainer uses too). CPU or CUDA, float32 or bfloat16
+(log-probs are computed in float32).
 
 Versions under in-flight updates: between two decode steps the engine applies pending weight
 updates, but it keeps the wave's KV cache, which earlier weights computed. A token is therefore
@@ -14,8 +15,9 @@ stamped with the *oldest* version that influenced it: the minimum over the versi
 pass of its row so far (its prefill included), not the version of the last pass. After a swap the rest
 of a running wave keeps the old stamp; the next wave starts clean on the new version. This is cheap
 (no re-prefill) and honest: staleness is never under-counted, so `max_staleness: 0` drops the samples
-holding such tokens instead of training on a behaviour distribution that no single version defines. Re-prefilling on a
-swap would keep those tokens but cost a full prefill of every running row per update.
+holding such tokens instead of training on a behaviour distribution that no single version
+defines. Re-prefilling on a swap would keep those tokens but cost a full prefill of every
+running row per update.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Okapi BM25 over a small in-memory corpus: the local search index of the `search` environment.
 
-score(q, d) = sum over query terms t of idf(t) * tf(t,d) * (k1 + 1) / (tf(t,d) + k1 * (1 - b + b * |d| / avgdl)),
+score(q, d) = sum over query terms t of
+    idf(t) * tf(t,d) * (k1 + 1) / (tf(t,d) + k1 * (1 - b + b * |d| / avgdl)),
 idf(t) = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5)) (the always-positive variant of Lucene).
 """
 
