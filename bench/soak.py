@@ -113,7 +113,8 @@ def main() -> int:
     ap.add_argument(
         "--dedupe-ttl",
         type=float,
-        help="streams' group dedupe_ttl_s (default the recipe's, 1 h): shorter, its tombstones plateau in the soak",
+        help="streams' group dedupe_ttl_s (default the recipe's, 1 h): shorter, its tombstones plateau "
+        "in the soak",
     )
     ap.add_argument("--dedupe-window", type=int, help="trainer.dedupe_window (default 100,000 groups)")
     ap.add_argument(

@@ -6,6 +6,12 @@ cd "$(dirname "$0")/.."
 VENV=$(scripts/bootstrap.sh | tail -n 1)
 export PATH="$VENV/bin:$PATH"
 export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
+if [ $# -eq 0 ]; then  # the whole suite (CI): the lint first, as `make lint` runs it
+  echo "[test] lint: ruff (rules and format) and mypy" >&2
+  ruff check astraflow workers streams trainer tests bench
+  ruff format --check astraflow workers streams trainer tests bench
+  mypy astraflow
+fi
 DATA=$(mktemp -d -t astraflow-test-broker.XXXXXX)
 cleanup() {
   astraflow broker stop --data-dir "$DATA" >/dev/null 2>&1 || true
