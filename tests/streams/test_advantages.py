@@ -18,7 +18,7 @@ from streams.advantages import (
     rloo,
 )
 from streams.api import StageContext
-from tests.streams.factory import make_group, make_traj
+from streams.testing import make_group, make_traj
 
 R = np.array([1.0, 0.0, 0.0, 0.0])  # mean 0.25, sample std 0.5
 

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from tests.streams.factory import make_traj
+from streams.testing import make_traj
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

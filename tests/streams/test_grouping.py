@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from astraflow.records import encode
 from streams.grouping import DONE, INTENT, PENDING, Collector, DictTable, GroupStage, is_run, pack_run
-from tests.streams.factory import make_traj, raw
+from streams.testing import make_traj
 
 
 def collector(**kw: object) -> Collector:
@@ -13,16 +14,16 @@ def collector(**kw: object) -> Collector:
 def test_collects_until_complete_and_drops_duplicate_traj_ids() -> None:
     c = collector()
     t = [make_traj("t0", i, group_size=3) for i in range(3)]
-    assert c.add(t[0], raw(t[0]), partition=5, now=10.0, offset=100).outcome == "added"
-    dup = c.add(t[0], raw(t[0]), partition=5, now=11.0, offset=101)
+    assert c.add(t[0], encode(t[0]), partition=5, now=10.0, offset=100).outcome == "added"
+    dup = c.add(t[0], encode(t[0]), partition=5, now=11.0, offset=101)
     assert (dup.outcome, dup.ready) == ("duplicate", False)
-    assert not c.add(t[1], raw(t[1]), 5, 12.0, 102).ready
-    last = c.add(t[2], raw(t[2]), 5, 13.0, 103)
+    assert not c.add(t[1], encode(t[1]), 5, 12.0, 102).ready
+    last = c.add(t[2], encode(t[2]), 5, 13.0, 103)
     assert (last.outcome, last.ready) == ("added", True)
     meta = c.groups.get("t0#0")
     assert meta["ids"] == ["t0#0#0", "t0#0#1", "t0#0#2"] and meta["offs"] == [100, 102, 103]
     assert meta["first"] == 10.0 and meta["state"] == PENDING
-    assert c.bodies_of("t0#0")[1] == ("t0#0#1", raw(t[1]))
+    assert c.bodies_of("t0#0")[1] == ("t0#0#1", encode(t[1]))
     # every write names the partition the group came from
     assert {p for _, _, p in c.groups.writes + c.bodies.writes} == {5}
     assert c.due(now=14.0) == [("t0#0", "complete")]
@@ -33,22 +34,22 @@ def test_a_duplicate_of_a_complete_group_reports_ready() -> None:
     c = collector()
     t = [make_traj("t0", i, group_size=2) for i in range(2)]
     for x in t:
-        c.add(x, raw(x), 0, 1.0)
-    assert c.add(t[1], raw(t[1]), 0, 2.0).ready
+        c.add(x, encode(x), 0, 1.0)
+    assert c.add(t[1], encode(t[1]), 0, 2.0).ready
 
 
 def test_intent_then_done_keeps_a_tombstone_and_drops_late_trajectories() -> None:
     c = collector(dedupe_ttl_s=100.0)
     t = [make_traj("t0", i, group_size=2) for i in range(2)]
     for x in t:
-        c.add(x, raw(x), 3, 1.0)
+        c.add(x, encode(x), 3, 1.0)
     meta = c.mark_intent("t0#0", at=2.0, targets=[("ns.samples.policy", 1)])
     assert meta["state"] == INTENT and meta["targets"] == [["ns.samples.policy", 1]]
     assert c.due(now=2.5) == [("t0#0", "complete")]  # an intent is still owed
     c.mark_done("t0#0", now=3.0)
     assert c.groups.get("t0#0") == {"p": 3, "state": DONE, "at": 3.0}
     assert c.bodies.data == {}
-    assert c.add(t[0], raw(t[0]), 3, 4.0).outcome == "late"
+    assert c.add(t[0], encode(t[0]), 3, 4.0).outcome == "late"
     assert c.due(now=50.0) == []
     assert c.due(now=103.0) == [("t0#0", "expire")]
     c.forget("t0#0")
@@ -60,19 +61,19 @@ def test_timeouts_emit_partial_groups_or_drop_small_ones() -> None:
     a = [make_traj("a", i, group_size=4) for i in range(2)]
     b = [make_traj("b", 0, group_size=4)]
     for x in a + b:
-        c.add(x, raw(x), 0, 100.0)
+        c.add(x, encode(x), 0, 100.0)
     assert c.due(now=129.0) == []
     assert sorted(c.due(now=130.0)) == [("a#0", "timeout_emit"), ("b#0", "timeout_drop")]
     d = collector(timeout_s=30.0, on_timeout="drop")
-    d.add(a[0], raw(a[0]), 0, 100.0)
+    d.add(a[0], encode(a[0]), 0, 100.0)
     assert d.due(now=200.0) == [("a#0", "timeout_drop")]
 
 
 def test_due_only_looks_at_assigned_partitions() -> None:
     c = collector(timeout_s=1.0)
     x, y = make_traj("a", 0, group_size=2), make_traj("b", 0, group_size=2)
-    c.add(x, raw(x), 0, 0.0)
-    c.add(y, raw(y), 1, 0.0)
+    c.add(x, encode(x), 0, 0.0)
+    c.add(y, encode(y), 1, 0.0)
     assert c.due(now=5.0, partitions={1}) == [("b#0", "timeout_emit")]
     assert c.pending() == 2
 
@@ -80,32 +81,32 @@ def test_due_only_looks_at_assigned_partitions() -> None:
 def test_inconsistent_members_are_refused() -> None:
     c = collector()
     x = make_traj("t0", 0, group_size=3)
-    c.add(x, raw(x), 0, 0.0)
+    c.add(x, encode(x), 0, 0.0)
     other_size = make_traj("t0", 1, group_size=4)
-    res = c.add(other_size, raw(other_size), 0, 0.0)
+    res = c.add(other_size, encode(other_size), 0, 0.0)
     assert res.outcome == "inconsistent" and "group_size 4 differs from 3" in res.reason
     other_task = make_traj("t1", 1, group_size=3)
     other_task.group_id = "t0#0"  # claims the group of another task
-    res = c.add(other_task, raw(other_task.validate()), 0, 0.0)
+    res = c.add(other_task, encode(other_task.validate()), 0, 0.0)
     assert res.outcome == "inconsistent" and "task_id 't1'" in res.reason
     assert c.groups.get("t0#0")["ids"] == ["t0#0#0"]
     # Members may list other policies (one view per policy, as in the referential game): not refused.
     view = make_traj("t0", 1, group_size=3, policies=("a", "b"))
-    assert c.add(view, raw(view), 0, 0.0).outcome == "added"
+    assert c.add(view, encode(view), 0, 0.0).outcome == "added"
     assert c.groups.get("t0#0")["policies"] == ["policy", "a", "b"]
 
 
 def test_a_record_of_several_trajectories_costs_two_writes_and_its_bodies_read_back_in_order() -> None:
     c = collector()
     t = [make_traj("t0", i, group_size=4) for i in range(4)]
-    added = c.add_record([(x, raw(x)) for x in (t[0], t[1], t[1])], 2, 1.0, offset=7)
+    added = c.add_record([(x, encode(x)) for x in (t[0], t[1], t[1])], 2, 1.0, offset=7)
     assert [a.outcome for a in added] == ["added", "added", "duplicate"]  # a repeat inside the record too
     assert len(c.groups.writes) == 1 and len(c.bodies.writes) == 1
-    assert c.bodies.get("t0#0#0") == pack_run([raw(t[0]), raw(t[1])]) and c.bodies.get("t0#0#1") is None
-    assert not is_run(raw(t[0]))  # one trajectory's bytes stay as they were
-    last = c.add_record([(x, raw(x)) for x in (t[2], t[3])], 2, 2.0, offset=9)
+    assert c.bodies.get("t0#0#0") == pack_run([encode(t[0]), encode(t[1])]) and c.bodies.get("t0#0#1") is None
+    assert not is_run(encode(t[0]))  # one trajectory's bytes stay as they were
+    last = c.add_record([(x, encode(x)) for x in (t[2], t[3])], 2, 2.0, offset=9)
     assert all(a.ready for a in last)
-    assert c.bodies_of("t0#0") == [(x.traj_id, raw(x)) for x in t]
+    assert c.bodies_of("t0#0") == [(x.traj_id, encode(x)) for x in t]
     assert c.groups.get("t0#0")["offs"] == [7, 7, 9, 9]
     c.mark_done("t0#0", 3.0)
     deletes = [(k, p) for k, v, p in c.bodies.writes if v is None]
@@ -115,13 +116,13 @@ def test_a_record_of_several_trajectories_costs_two_writes_and_its_bodies_read_b
 def test_a_re_delivered_record_repairs_the_bodies_a_crash_lost() -> None:
     c = collector()
     t = [make_traj("t0", i, group_size=3) for i in range(3)]
-    c.add_record([(x, raw(x)) for x in t[:2]], 0, 1.0)
+    c.add_record([(x, encode(x)) for x in t[:2]], 0, 1.0)
     del c.bodies.data["t0#0#0"]  # the meta's changelog write survived the crash, the body's did not
     assert c.bodies_of("t0#0") == [("t0#0#0", None), ("t0#0#1", None)]
-    again = c.add_record([(x, raw(x)) for x in t[:2]], 0, 2.0)
+    again = c.add_record([(x, encode(x)) for x in t[:2]], 0, 2.0)
     assert [a.outcome for a in again] == ["duplicate", "duplicate"]
-    assert c.bodies_of("t0#0") == [(x.traj_id, raw(x)) for x in t[:2]]
-    assert c.add_record([(t[2], raw(t[2]))], 0, 3.0)[0].ready
+    assert c.bodies_of("t0#0") == [(x.traj_id, encode(x)) for x in t[:2]]
+    assert c.add_record([(t[2], encode(t[2]))], 0, 3.0)[0].ready
 
 
 def test_a_record_of_trajectories_of_two_groups_is_refused() -> None:

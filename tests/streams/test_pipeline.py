@@ -16,8 +16,8 @@ from astraflow.records import encode
 from streams import registry
 from streams.api import Group, StageContext
 from streams.pipeline import StageError, build_pipeline
+from streams.testing import make_group, make_traj
 from streams.validate import Validate
-from tests.streams.factory import make_group, make_traj
 
 POLICIES = frozenset({"policy"})
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from streams.testing import make_traj
 from tests.conftest import REPO, subprocess_env
-from tests.streams.factory import make_traj
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

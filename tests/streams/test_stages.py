@@ -12,7 +12,7 @@ from streams.filters import Errored, Length, MaxStaleness, Truncated, ZeroVarian
 from streams.reuse import Mix, Replay
 from streams.route import PipelineError, route
 from streams.stats import fold, summarize, to_record
-from tests.streams.factory import make_group, make_traj
+from streams.testing import make_group, make_traj
 
 
 def test_zero_variance_drops_flat_groups_only() -> None:

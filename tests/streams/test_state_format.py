@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from astraflow.records import encode
 from streams.faust_glue import MsgpackCodec
 from streams.grouping import Collector, DictTable, GroupStage
 from streams.stats import dropped_summary, fold, parse_summary, summarize, to_record
-from tests.streams.factory import make_group, make_traj, raw
+from streams.testing import make_group, make_traj
 
 CODEC = MsgpackCodec()
 
@@ -56,10 +57,10 @@ def stored(table: DictTable, key: str) -> bytes:
 
 def test_group_metas_are_written_as_before() -> None:
     c = Collector(GroupStage(), DictTable(), DictTable())
-    c.add(TRAJS[0], raw(TRAJS[0]), 5, 10.0, 100)
-    c.add(TRAJS[1], raw(TRAJS[1]), 5, 12.5, 102)
+    c.add(TRAJS[0], encode(TRAJS[0]), 5, 10.0, 100)
+    c.add(TRAJS[1], encode(TRAJS[1]), 5, 12.5, 102)
     assert stored(c.groups, "t0#0") == PENDING
-    c.add(TRAJS[2], raw(TRAJS[2]), 5, 13.0, 103)
+    c.add(TRAJS[2], encode(TRAJS[2]), 5, 13.0, 103)
     c.mark_intent("t0#0", 14.0, TARGETS)
     assert stored(c.groups, "t0#0") == INTENT
     c.mark_done("t0#0", 15.0)
@@ -71,15 +72,15 @@ def restored(entries: dict[str, bytes]) -> Collector:
     groups, bodies = DictTable(), DictTable()
     groups.data = {k: CODEC.loads(v) for k, v in entries.items()}
     for t in TRAJS[:2]:
-        bodies.data[t.traj_id] = raw(t)
+        bodies.data[t.traj_id] = encode(t)
     return Collector(GroupStage(timeout_s=60.0), groups, bodies)
 
 
 def test_a_pending_meta_written_before_carries_on() -> None:
     c = restored({"t0#0": PENDING})
     assert c.pending() == 1 and c.due(now=69.0) == [] and c.due(now=70.0) == [("t0#0", "timeout_emit")]
-    assert c.add(TRAJS[1], raw(TRAJS[1]), 5, 13.0, 104).outcome == "duplicate"
-    added = c.add(TRAJS[2], raw(TRAJS[2]), 5, 13.0, 103)
+    assert c.add(TRAJS[1], encode(TRAJS[1]), 5, 13.0, 104).outcome == "duplicate"
+    added = c.add(TRAJS[2], encode(TRAJS[2]), 5, 13.0, 103)
     assert (added.outcome, added.ready) == ("added", True)
     assert c.offsets(c.groups.get("t0#0")) == [100, 102, 103]
     assert [tid for tid, _ in c.bodies_of("t0#0")] == [t.traj_id for t in TRAJS]

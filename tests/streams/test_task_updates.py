@@ -15,7 +15,7 @@ from astraflow.errors import RecordError
 from streams.metrics import Counters
 from streams.runtime import StreamsRuntime
 from streams.stats import dropped_summary, parse_summary, summarize
-from tests.streams.factory import make_group
+from streams.testing import make_group
 
 GOOD = summarize(make_group([1.0, 0.0, 1.0, 0.5], task="t7"))
 

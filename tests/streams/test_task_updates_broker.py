@@ -9,7 +9,7 @@ import msgpack
 import pytest
 
 from astraflow.records import DeadLetter, TaskStats
-from tests.streams.factory import make_traj
+from streams.testing import make_traj
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -7,8 +7,8 @@ import pytest
 
 from astraflow.errors import RecordError
 from astraflow.records import Task, Trajectory, TrajectoryBatch, encode
+from streams.testing import make_traj
 from streams.validate import Validate
-from tests.streams.factory import make_traj
 
 POLICIES = frozenset({"policy"})
 

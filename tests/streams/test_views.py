@@ -6,12 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from astraflow.records import encode
 from streams.advantages import GRPO
 from streams.api import Group
 from streams.grouping import Collector, GroupStage
 from streams.route import route
 from streams.stats import summarize
-from tests.streams.factory import make_traj, raw
+from streams.testing import make_traj
 
 
 def views(rewards: list[float]) -> list:  # type: ignore[type-arg]
@@ -32,7 +33,7 @@ class DictTable(dict):  # type: ignore[type-arg]
 def test_views_of_different_policies_form_one_group() -> None:
     trajs = views([1.0, 0.0, 1.0, 0.0])
     collector = Collector(GroupStage(), DictTable(), DictTable())
-    outcomes = [collector.add(t, raw(t), 0, now=1.0).outcome for t in trajs]
+    outcomes = [collector.add(t, encode(t), 0, now=1.0).outcome for t in trajs]
     assert outcomes == ["added"] * 8
     meta = collector.groups[trajs[0].group_id]
     assert meta["policies"] == ["speaker", "listener"] and len(meta["ids"]) == 8

@@ -14,7 +14,7 @@ import pytest
 
 from astraflow.records import DeadLetter, Sample, TaskStats, TrajectoryBatch, encode
 from streams.advantages import grpo
-from tests.streams.factory import make_traj
+from streams.testing import make_traj
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -248,7 +248,7 @@ def test_a_task_revoked_by_the_poll_that_fetched_it_gives_back_its_episodes(
 
 def test_a_tasks_trajectories_travel_as_one_record_per_group_split_at_the_byte_budget() -> None:
     from astraflow.records import batches
-    from tests.streams.factory import make_traj
+    from streams.testing import make_traj
 
     trajs = [make_traj("t0", i, group_size=5) for i in range(5)] + [make_traj("t1", 0, group_size=1)]
     size = len(encode(trajs[0]))
@@ -265,7 +265,7 @@ def test_a_groups_trajectories_go_together_but_never_wait_long_for_a_straggler(
 ) -> None:
     """Episodes that end together go as one record; one that hangs (a tool call that never answers)
     holds the others back at most BATCH_WAIT_S, so streams can still emit the group at its timeout."""
-    from tests.streams.factory import make_traj
+    from streams.testing import make_traj
 
     async def episode(runtime: Any, task: Task, k: int, *rest: Any) -> tuple[list[Any], int]:
         if k == 3:
