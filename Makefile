@@ -22,12 +22,12 @@ test-fast: install ## Only the tests that need no broker
 	@PYTHONPATH=. $(PY) -m pytest -m "not broker and not e2e" -q
 
 lint: install ## ruff (rules and format) and mypy
-	@$(VENV)/bin/ruff check astraflow workers streams trainer tests bench
-	@$(VENV)/bin/ruff format --check astraflow workers streams trainer tests bench
+	@$(VENV)/bin/ruff check astraflow workers streams trainer tests bench examples
+	@$(VENV)/bin/ruff format --check astraflow workers streams trainer tests bench examples
 	@$(VENV)/bin/mypy astraflow
 
 format: install ## Format with ruff
-	@$(VENV)/bin/ruff format astraflow workers streams trainer tests bench
+	@$(VENV)/bin/ruff format astraflow workers streams trainer tests bench examples
 
 bench: install ## Run the benchmarks in bench/
 	@PYTHONPATH=. $(PY) -m bench.run_all

@@ -8,8 +8,8 @@ export PATH="$VENV/bin:$PATH"
 export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
 if [ $# -eq 0 ]; then  # the whole suite (CI): the lint first, as `make lint` runs it
   echo "[test] lint: ruff (rules and format) and mypy" >&2
-  ruff check astraflow workers streams trainer tests bench
-  ruff format --check astraflow workers streams trainer tests bench
+  ruff check astraflow workers streams trainer tests bench examples
+  ruff format --check astraflow workers streams trainer tests bench examples
   mypy astraflow
 fi
 DATA=$(mktemp -d -t astraflow-test-broker.XXXXXX)
