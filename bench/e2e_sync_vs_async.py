@@ -42,7 +42,7 @@ from astraflow.records import Sample, Trajectory
 from astraflow.sampling import SamplingSettings
 from bench.machine import describe
 from streams.advantages import grpo
-from trainer.engine import Engine, collate
+from trainer.engine import TrainEngine, collate
 from workers.engines.torch_engine import TorchEngine
 from workers.envs.base import Codec, load_tokenizer
 from workers.episodes import Runtime, run_episode
@@ -86,7 +86,7 @@ async def sync_run(recipe: Recipe, steps: int, work: Path) -> dict[str, Any]:
     codec = Codec(load_tokenizer(init))
     runtime = Runtime(recipe, codec)
     engine = TorchEngine(policy, str(init), max_batch=recipe.worker.max_episodes)
-    trainer = Engine(
+    trainer = TrainEngine(
         load_model(init),
         recipe.trainer,
         torch.device("cpu"),

@@ -28,7 +28,7 @@ from astraflow.records import Sample, group_id, traj_id
 from astraflow.weights import WeightStore, fetch_weights
 from astraflow.weights import format as fmt
 from bench.machine import describe
-from trainer.engine import Engine, collate
+from trainer.engine import TrainEngine, collate
 
 VOCAB = 98
 
@@ -69,7 +69,9 @@ def synthetic_batch(step: int, groups: int, size: int = 8, seed: int = 0) -> lis
 
 def run_lr(lr: float, steps: int, groups: int) -> dict[str, float]:
     spec = ModelSpec()
-    engine = Engine(build_model(spec), TrainerConfig(lr=lr, micro_batch_tokens=1 << 16), torch.device("cpu"))
+    engine = TrainEngine(
+        build_model(spec), TrainerConfig(lr=lr, micro_batch_tokens=1 << 16), torch.device("cpu")
+    )
     with tempfile.TemporaryDirectory() as root:
         store = WeightStore(root, "p", snapshot_every=10_000, keep_versions=steps + 2)
         events = [store.publish(engine.state_dict(), 0)]

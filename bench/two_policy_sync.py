@@ -37,7 +37,7 @@ from astraflow.sampling import SamplingSettings
 from bench.e2e_sync_vs_async import samples_of
 from bench.learning_seeds import seeded, set_key
 from bench.machine import describe
-from trainer.engine import Engine, collate
+from trainer.engine import TrainEngine, collate
 from workers.engines.torch_engine import TorchEngine
 from workers.envs.base import Codec, load_tokenizer
 from workers.episodes import Runtime, run_episode
@@ -74,7 +74,7 @@ async def play(
         cfg = recipe.trainer.model_dump()
         for key, value in per_policy.get(p, {}).items():
             cfg = set_key(cfg, key, value)
-        trainers[p] = Engine(
+        trainers[p] = TrainEngine(
             load_model(init[p]),
             type(recipe.trainer).model_validate(cfg),
             torch.device("cpu"),

@@ -36,7 +36,7 @@ from astraflow.kafka_faust import faust_settings
 from astraflow.topics import DEADLETTER, METRICS, TASK_STATS, TRAJECTORIES
 from astraflow.topics import samples as samples_topic
 from streams.api import StageContext
-from streams.grouping import Collector
+from streams.grouping import GroupCollector
 from streams.pipeline import build_pipeline
 
 log = logging.getLogger(__name__)
@@ -204,7 +204,7 @@ def create_app(
     runtime = StreamsRuntime(
         app,
         pipeline,
-        Collector(pipeline.group, FaustTable(groups), FaustTable(bodies)),
+        GroupCollector(pipeline.group, FaustTable(groups), FaustTable(bodies)),
         topics,
         settings,
         FaustTable(stats_table) if stats_table is not None else None,

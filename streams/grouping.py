@@ -6,7 +6,7 @@ a group's entries sit in the changelog partition of the `trajectories` partition
     groups  group_id -> meta: an `OpenGroup` while pending or intent, a `DoneGroup` after
     bodies  traj_id -> the trajectory's bytes as consumed (already validated, so a msgpack map), or
             a *run*: a msgpack array of the bytes of the trajectories a record added from this one
-            on (`Collector.add_record`)
+            on (`GroupCollector.add_record`)
 
 The metas are TypedDicts, not dataclasses: the tables hold (and the changelog stores, msgpack
 encoded) exactly these dicts, in this key order, so a restarted worker reads what an older one wrote
@@ -134,20 +134,20 @@ class GroupStage(Stage):
         self.timeout_s, self.on_timeout = float(timeout_s), on_timeout
         self.min_size, self.dedupe_ttl_s = int(min_size), float(dedupe_ttl_s)
 
-    def __call__(self, group: Any) -> Any:  # the collector does the work; see Collector
+    def __call__(self, group: Any) -> Any:  # the collector does the work; see GroupCollector
         return group
 
 
 @dataclass(frozen=True)
 class Added:
-    """What `Collector.add` did with one trajectory."""
+    """What `GroupCollector.add` did with one trajectory."""
 
     outcome: Literal["added", "duplicate", "late", "inconsistent"]
     ready: bool = False  # the group is complete and not yet emitted
     reason: str = ""
 
 
-class Collector:
+class GroupCollector:
     """The group state machine over `groups` and `bodies` tables."""
 
     def __init__(self, stage: GroupStage, groups: Table, bodies: Table) -> None:

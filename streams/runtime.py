@@ -30,7 +30,7 @@ from astraflow.metrics import MetricsReporter
 from astraflow.records import Trajectory, encode
 from streams.bounded import LRU
 from streams.emission import Emitter, failpoint_from_env
-from streams.grouping import DONE, Collector
+from streams.grouping import DONE, GroupCollector
 from streams.pipeline import Pipeline
 from streams.stats import fold, parse_summary, to_record
 
@@ -71,7 +71,7 @@ class StreamsRuntime(Emitter):
         self,
         app: Any,
         pipeline: Pipeline,
-        collector: Collector,
+        collector: GroupCollector,
         topics: Topics,
         settings: KafkaSettings,
         stats_table: Any | None,

@@ -74,7 +74,7 @@ def snapshot(
     optimizer_state: dict[str, Any] | None,
     state: dict[str, Any],
 ) -> Snapshot:
-    """Copies of `Engine.full_state()` (model and optimiser state dicts; no optimiser state for a
+    """Copies of `TrainEngine.full_state()` (model and optimiser state dicts; no optimiser state for a
     publication that is not checkpointed) and the trainer's state."""
     tensors, meta = optimizer_to_files(optimizer_state) if optimizer_state is not None else (None, None)
     return Snapshot(step, copy_state(model_state), tensors, meta, state)
@@ -166,7 +166,7 @@ def read_state(path: Path) -> dict[str, Any]:
 
 
 def read_optimizer(path: Path) -> dict[str, Any]:
-    """The checkpoint's optimiser state dict (for `Engine.load_optimizer`)."""
+    """The checkpoint's optimiser state dict (for `TrainEngine.load_optimizer`)."""
     from safetensors.torch import load_file
 
     meta = json.loads((path / "optimizer.json").read_text())

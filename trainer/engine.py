@@ -175,7 +175,7 @@ def make_optimizer(
     return torch.optim.AdamW(params, **kwargs)
 
 
-class Engine:
+class TrainEngine:
     """Model, optional frozen reference, AdamW, and the step."""
 
     def __init__(
@@ -452,7 +452,7 @@ class Engine:
             return self.model.state_dict()
         if self._initial_state is None:
             raise AstraFlowError(
-                "under FSDP the weights after a step are gathered by Engine.full_state() "
+                "under FSDP the weights after a step are gathered by TrainEngine.full_state() "
                 "on every rank; state_dict() only gives rank 0 the weights as loaded"
             )
         return self._initial_state

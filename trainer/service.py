@@ -65,7 +65,7 @@ from trainer import checkpoint as ckpt
 from trainer import distributed
 from trainer.background import BackgroundJob
 from trainer.batching import Batch, GroupBuffer
-from trainer.engine import Engine, collate
+from trainer.engine import TrainEngine, collate
 from trainer.intake import PARTITION_CHECK_S, SampleIntake
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ class Trainer:
         self.resumed_from = latest
         model = load_model(latest or init_dir, dtype="float32")
         ref = load_model(init_dir, dtype="float32") if self.cfg.loss.kl_coef > 0 else None
-        self.engine = Engine(
+        self.engine = TrainEngine(
             model,
             self.cfg,
             self.device,

@@ -10,7 +10,7 @@ checkpoint and the other way round. Gathering is a collective, so every rank mus
 `full_state` at the same point (trainer/service.py does so at each publication and checkpoint).
 
 Every rank also needs the same number of forward/backward passes per step (each pass all-gathers
-parameters), unlike DDP where only the last micro-batch communicates: `Engine.step` pads ranks
+parameters), unlike DDP where only the last micro-batch communicates: `TrainEngine.step` pads ranks
 with fewer micro-batches with empty ones (no loss tokens, so no gradient).
 """
 

@@ -21,7 +21,7 @@ import numpy as np
 from astraflow.config import Recipe
 from astraflow.errors import ConfigError
 from astraflow.records import RecordError, Task, Trajectory, traj_id
-from workers.engines.base import Engine
+from workers.engines.base import InferenceEngine
 from workers.envs.base import Codec, Environment
 from workers.registry import environment_class, workflow_class
 from workers.workflows.base import EpisodeContext, View, Workflow, policies_of
@@ -115,7 +115,12 @@ def _error_views(task: Task, wf: Workflow, codec: Codec, error: str) -> list[Vie
 
 
 async def run_episode(
-    runtime: Runtime, task: Task, episode: int, engines: dict[str, Engine], worker_id: str, region: str
+    runtime: Runtime,
+    task: Task,
+    episode: int,
+    engines: dict[str, InferenceEngine],
+    worker_id: str,
+    region: str,
 ) -> tuple[list[Trajectory], int]:
     """Run episode `episode` of `task`; returns its trajectories and the tokens it generated."""
     env, wf = runtime.resolve(task)

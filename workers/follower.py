@@ -26,7 +26,7 @@ from astraflow.kafka import TopicReader
 from astraflow.records import RecordError, WeightVersion, decode
 from astraflow.topics import WEIGHTS
 from astraflow.weights.auth import verify
-from workers.engines.base import Engine
+from workers.engines.base import InferenceEngine
 
 log = logging.getLogger(__name__)
 TOPIC = WEIGHTS
@@ -36,7 +36,7 @@ class WeightFollower:
     def __init__(
         self,
         settings: KafkaSettings,
-        engines: dict[str, Engine],
+        engines: dict[str, InferenceEngine],
         loop: asyncio.AbstractEventLoop,
         dead: DeadLetters,
         cache_dir: Path | None = None,

@@ -40,7 +40,7 @@ from astraflow.metrics import MetricsReporter
 from astraflow.records import Task, Trajectory
 from workers.batching import send_as_they_end, send_batches
 from workers.engines import build_engine
-from workers.engines.base import Engine
+from workers.engines.base import InferenceEngine
 from workers.envs.base import Codec
 from workers.episodes import Runtime, refusal, run_episode
 from workers.follower import WeightFollower
@@ -113,7 +113,7 @@ class Worker:
                 "weights_late",
             )
         }
-        self.engines: dict[str, Engine] = {}
+        self.engines: dict[str, InferenceEngine] = {}
         self.topic = settings.topic("tasks")
         self.episode_delay_s = episode_delay_s()
 

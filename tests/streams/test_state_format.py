@@ -11,7 +11,7 @@ from typing import Any
 
 from astraflow.records import encode
 from streams.faust_glue import MsgpackCodec
-from streams.grouping import Collector, DictTable, GroupStage
+from streams.grouping import DictTable, GroupCollector, GroupStage
 from streams.stats import dropped_summary, fold, parse_summary, summarize, to_record
 from streams.testing import make_group, make_traj
 
@@ -56,7 +56,7 @@ def stored(table: DictTable, key: str) -> bytes:
 
 
 def test_group_metas_are_written_as_before() -> None:
-    c = Collector(GroupStage(), DictTable(), DictTable())
+    c = GroupCollector(GroupStage(), DictTable(), DictTable())
     c.add(TRAJS[0], encode(TRAJS[0]), 5, 10.0, 100)
     c.add(TRAJS[1], encode(TRAJS[1]), 5, 12.5, 102)
     assert stored(c.groups, "t0#0") == PENDING
@@ -67,13 +67,13 @@ def test_group_metas_are_written_as_before() -> None:
     assert stored(c.groups, "t0#0") == DONE
 
 
-def restored(entries: dict[str, bytes]) -> Collector:
+def restored(entries: dict[str, bytes]) -> GroupCollector:
     """A collector whose groups table was recovered from a changelog holding `entries`."""
     groups, bodies = DictTable(), DictTable()
     groups.data = {k: CODEC.loads(v) for k, v in entries.items()}
     for t in TRAJS[:2]:
         bodies.data[t.traj_id] = encode(t)
-    return Collector(GroupStage(timeout_s=60.0), groups, bodies)
+    return GroupCollector(GroupStage(timeout_s=60.0), groups, bodies)
 
 
 def test_a_pending_meta_written_before_carries_on() -> None:

@@ -9,7 +9,7 @@ import pytest
 from astraflow.records import encode
 from streams.advantages import GRPO
 from streams.api import Group
-from streams.grouping import Collector, GroupStage
+from streams.grouping import GroupCollector, GroupStage
 from streams.route import route
 from streams.stats import summarize
 from streams.testing import make_traj
@@ -32,7 +32,7 @@ class DictTable(dict):  # type: ignore[type-arg]
 
 def test_views_of_different_policies_form_one_group() -> None:
     trajs = views([1.0, 0.0, 1.0, 0.0])
-    collector = Collector(GroupStage(), DictTable(), DictTable())
+    collector = GroupCollector(GroupStage(), DictTable(), DictTable())
     outcomes = [collector.add(t, encode(t), 0, now=1.0).outcome for t in trajs]
     assert outcomes == ["added"] * 8
     meta = collector.groups[trajs[0].group_id]

@@ -1,4 +1,4 @@
-"""Run by test_distributed.py, alone or under torchrun: three Engine steps on fixed batches,
+"""Run by test_distributed.py, alone or under torchrun: three TrainEngine steps on fixed batches,
 exchanged from rank 0 as the trainer does; rank 0 saves the step-1 gradients and final weights.
 An optional second argument names the policy loss (m2po: its mask is cut on every rank's tokens)."""
 
@@ -15,7 +15,7 @@ from astraflow.config.trainer import LossConfig, TrainerConfig
 from tests.trainer.helpers import tiny_model
 from tests.trainer.synth import make_group
 from trainer import distributed
-from trainer.engine import Engine, collate
+from trainer.engine import TrainEngine, collate
 
 
 def main(out: Path, policy_loss: str = "ppo") -> None:
@@ -23,7 +23,7 @@ def main(out: Path, policy_loss: str = "ppo") -> None:
     dist = distributed.init("cpu")
     loss = LossConfig(policy_loss=policy_loss, m2_threshold=1.0)  # type: ignore[arg-type]
     cfg = TrainerConfig(lr=1e-4, micro_batch_tokens=48, max_grad_norm=1.0, loss=loss)
-    engine = Engine(tiny_model(), cfg, torch.device("cpu"), distributed=dist.enabled, pad_id=0)
+    engine = TrainEngine(tiny_model(), cfg, torch.device("cpu"), distributed=dist.enabled, pad_id=0)
     for step in (1, 2, 3):
         rows = totals = None
         if dist.leader:

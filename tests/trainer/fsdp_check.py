@@ -1,4 +1,4 @@
-"""Run by test_fsdp.py, alone or under torchrun: Engine steps on fixed batches exchanged from rank 0
+"""Run by test_fsdp.py, alone or under torchrun: TrainEngine steps on fixed batches exchanged from rank 0
 as the trainer does, with `trainer.parallel` = argv[2]. Steps argv[3]..argv[4] (1-based, inclusive);
 with argv[5], the run resumes from that checkpoint (weights and optimiser) instead of the initial
 model. Rank 0 saves the first step's gradients and loss, the weights after every step, and a
@@ -19,7 +19,7 @@ from tests.trainer.helpers import TINY
 from tests.trainer.synth import make_group
 from trainer import checkpoint as ckpt
 from trainer import distributed, sharding
-from trainer.engine import Engine, collate
+from trainer.engine import TrainEngine, collate
 
 
 def main(out: Path, parallel: str, first: int, last: int, resume: str | None = None) -> None:
@@ -30,7 +30,7 @@ def main(out: Path, parallel: str, first: int, last: int, resume: str | None = N
     cfg = TrainerConfig(lr=1e-3, micro_batch_tokens=48, max_grad_norm=1.0, loss=loss, parallel=parallel)  # type: ignore[arg-type]
     model = load_model(source)
     tokenizer = load_tokenizer(init)
-    engine = Engine(model, cfg, torch.device("cpu"), distributed=dist.enabled, pad_id=0)
+    engine = TrainEngine(model, cfg, torch.device("cpu"), distributed=dist.enabled, pad_id=0)
     if resume:
         engine.load_optimizer(ckpt.read_optimizer(Path(resume)))
     for step in range(first, last + 1):

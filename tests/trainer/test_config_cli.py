@@ -14,7 +14,7 @@ from astraflow.config import load_recipe
 from astraflow.config.trainer import LossConfig, TrainerConfig
 from astraflow.errors import ConfigError
 from tests.conftest import REPO, subprocess_env
-from trainer.engine import Engine
+from trainer.engine import TrainEngine
 
 
 @pytest.mark.parametrize(
@@ -74,7 +74,7 @@ def test_each_loss_mode_parses_from_a_recipe_into_the_engine_settings(tmp_path: 
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump({"name": "r", "trainer": {"loss": loss}}))
     cfg = load_recipe(path).trainer
-    settings = Engine(torch.nn.Linear(2, 2), cfg, torch.device("cpu")).settings
+    settings = TrainEngine(torch.nn.Linear(2, 2), cfg, torch.device("cpu")).settings
     for key, value in loss.items():
         assert getattr(cfg.loss, key) == value and getattr(settings, key) == value, key
 
@@ -90,7 +90,7 @@ def test_warmup_schedule() -> None:
     import torch
 
     cfg = TrainerConfig(lr=1e-3, warmup_steps=4)
-    engine = Engine(torch.nn.Linear(2, 2), cfg, torch.device("cpu"))
+    engine = TrainEngine(torch.nn.Linear(2, 2), cfg, torch.device("cpu"))
     assert [engine.lr_at(s) for s in (1, 2, 4, 9)] == pytest.approx([2.5e-4, 5e-4, 1e-3, 1e-3])
     assert TrainerConfig().store_versions(max_staleness=3) == 5
 
@@ -99,7 +99,7 @@ def test_lr_decay_schedules() -> None:
     import torch
 
     def rates(**kw: object) -> list[float]:
-        engine = Engine(torch.nn.Linear(2, 2), TrainerConfig(lr=1e-3, **kw), torch.device("cpu"))
+        engine = TrainEngine(torch.nn.Linear(2, 2), TrainerConfig(lr=1e-3, **kw), torch.device("cpu"))
         return [engine.lr_at(s) for s in (1, 2, 4, 8, 12, 20)]
 
     # warm-up to step 4, then down to 10% at step 12, and flat after

@@ -14,7 +14,7 @@ import torch
 from astraflow.config.trainer import LossConfig, TrainerConfig
 from tests.trainer.helpers import tiny_model
 from tests.trainer.synth import make_group
-from trainer.engine import Engine, _logits, collate, micro_batches
+from trainer.engine import TrainEngine, _logits, collate, micro_batches
 from trainer.losses import token_logprobs
 
 CPU = torch.device("cpu")
@@ -28,7 +28,7 @@ def rows_of(n_groups: int = 3):  # type: ignore[no-untyped-def]
 def grads_after_step(
     cfg: TrainerConfig, rows, model: torch.nn.Module
 ) -> tuple[dict[str, torch.Tensor], dict]:  # type: ignore[no-untyped-def]
-    engine = Engine(model, cfg, CPU)
+    engine = TrainEngine(model, cfg, CPU)
     stats = engine.step(rows, 1, float(rows.mask.sum()), float((rows.mask.sum(-1) > 0).sum()))
     return {k: p.grad.clone() for k, p in engine.model.named_parameters()}, stats
 
@@ -70,7 +70,7 @@ def test_micro_batches_accumulate_to_the_one_pass_gradient(loss: LossConfig) -> 
 def test_the_m2po_mask_is_the_same_for_one_or_three_micro_batches() -> None:
     rows = rows_of()
     cfg = TrainerConfig(loss=LossConfig(policy_loss="m2po", m2_threshold=1.0))
-    engine = Engine(tiny_model(), cfg, CPU)
+    engine = TrainEngine(tiny_model(), cfg, CPU)
     one, three = micro_batches(rows, 1 << 16), micro_batches(rows, 48)
     assert (len(one), len(three)) == (1, 3)
 
@@ -102,7 +102,7 @@ def test_kl_in_the_reward_leaves_the_loss_and_kl_in_the_loss_adds_to_it() -> Non
     model, rows = tiny_model(), rows_of()
     for kl_in in ("loss", "reward"):
         cfg = TrainerConfig(lr=1e-2, loss=LossConfig(kl_coef=0.5, kl_estimator="k1", kl_in=kl_in))
-        engine = Engine(copy.deepcopy(model), cfg, CPU, ref_model=copy.deepcopy(model))
+        engine = TrainEngine(copy.deepcopy(model), cfg, CPU, ref_model=copy.deepcopy(model))
         engine.step(rows, 1, float(rows.mask.sum()), float(len(rows)))
         second = engine.step(rows, 2, float(rows.mask.sum()), float(len(rows)))
         assert abs(second["loss.kl"]) > 1e-5
@@ -142,7 +142,7 @@ def test_causal_attention_alone_gives_real_tokens_the_logits_of_a_padding_mask()
 def test_reference_kl_starts_at_zero_and_grows() -> None:
     model = tiny_model()
     cfg = TrainerConfig(lr=1e-2, loss=LossConfig(kl_coef=0.1))
-    engine = Engine(model, cfg, CPU, ref_model=copy.deepcopy(model))
+    engine = TrainEngine(model, cfg, CPU, ref_model=copy.deepcopy(model))
     rows = rows_of()
     first = engine.step(rows, 1, float(rows.mask.sum()), float(len(rows)))
     second = engine.step(rows, 2, float(rows.mask.sum()), float(len(rows)))
@@ -160,7 +160,7 @@ def test_truncated_is_and_clipping_stats_are_reported() -> None:
 
 
 def test_bfloat16_autocast_keeps_float32_master_weights() -> None:
-    engine = Engine(tiny_model(), TrainerConfig(autocast="bfloat16"), CPU)
+    engine = TrainEngine(tiny_model(), TrainerConfig(autocast="bfloat16"), CPU)
     rows = rows_of(1)
     stats = engine.step(rows, 1, float(rows.mask.sum()), float(len(rows)))
     assert torch.isfinite(torch.tensor(stats["loss"]))
@@ -171,13 +171,13 @@ def test_entropy_bonus_decays_to_nothing_at_entropy_decay_steps() -> None:
     rows = rows_of(1)
     model = tiny_model()
     loss = LossConfig(entropy_coef=0.5, entropy_decay_steps=4)
-    engine = Engine(copy.deepcopy(model), TrainerConfig(loss=loss, max_grad_norm=None), CPU)
+    engine = TrainEngine(copy.deepcopy(model), TrainerConfig(loss=loss, max_grad_norm=None), CPU)
     assert [engine.entropy_coef_at(s) for s in (1, 2, 3, 5, 50)] == pytest.approx(
         [0.5, 0.375, 0.25, 0.0, 0.0]
     )
 
     def grads_at(cfg: TrainerConfig, step: int) -> tuple[dict[str, torch.Tensor], dict]:  # type: ignore[type-arg]
-        engine = Engine(copy.deepcopy(model), cfg, CPU)
+        engine = TrainEngine(copy.deepcopy(model), cfg, CPU)
         stats = engine.step(rows, step, float(rows.mask.sum()), float((rows.mask.sum(-1) > 0).sum()))
         return {k: p.grad.clone() for k, p in engine.model.named_parameters()}, stats
 
@@ -198,16 +198,16 @@ def test_entropy_control_moves_the_bonus_toward_the_target_and_checkpoints_carry
 
     rows = rows_of(1)
     n_tok, n_seq = float(rows.mask.sum()), float(len(rows))
-    entropy = Engine(tiny_model(), TrainerConfig(), CPU).step(rows, 1, n_tok, n_seq)["entropy"]
+    entropy = TrainEngine(tiny_model(), TrainerConfig(), CPU).step(rows, 1, n_tok, n_seq)["entropy"]
     assert entropy > 0.5
-    above = Engine(
+    above = TrainEngine(
         tiny_model(),
         TrainerConfig(
             loss=LossConfig(entropy_coef=0.02, entropy_target=entropy / 2, entropy_adapt_rate=0.01)
         ),
         CPU,
     )
-    below = Engine(
+    below = TrainEngine(
         tiny_model(),
         TrainerConfig(
             loss=LossConfig(entropy_coef=0.02, entropy_target=entropy + 1.0, entropy_adapt_rate=0.01)
@@ -227,7 +227,7 @@ def test_entropy_control_moves_the_bonus_toward_the_target_and_checkpoints_carry
 
     # resumed from a checkpoint, the trainer goes on with the weight it had reached
     tensors, meta = optimizer_to_files(below.optimizer.state_dict())
-    resumed = Engine(tiny_model(), below.cfg, CPU)
+    resumed = TrainEngine(tiny_model(), below.cfg, CPU)
     resumed.load_optimizer(optimizer_from_files(tensors, json.loads(json.dumps(meta))))
     assert resumed.entropy_coef_at(2) == pytest.approx(below.entropy_coef_at(2))
     assert resumed.entropy_coef_at(2) != pytest.approx(0.02)
@@ -259,7 +259,7 @@ def test_every_recipe_loss_trains_without_nan_even_at_extreme_log_ratios(loss: d
     )
     model = tiny_model()
     ref = copy.deepcopy(model) if recipe.trainer.loss.kl_coef else None
-    engine = Engine(model, recipe.trainer, CPU, ref_model=ref)
+    engine = TrainEngine(model, recipe.trainer, CPU, ref_model=ref)
     before = {k: v.clone() for k, v in engine.model.state_dict().items()}
     for step in range(1, 5):
         rows = collate(
@@ -278,9 +278,9 @@ def test_the_optimiser_is_fused_adamw_and_updates_as_the_per_parameter_loop_does
     included, land where the plain per-parameter AdamW lands, up to float rounding."""
     rows = rows_of()
     cfg = TrainerConfig(lr=1e-2, weight_decay=0.1)
-    fused = Engine(tiny_model(), cfg, CPU)
+    fused = TrainEngine(tiny_model(), cfg, CPU)
     assert fused.optimizer.param_groups[0]["fused"] is True
-    plain = Engine(copy.deepcopy(fused.model), cfg, CPU)
+    plain = TrainEngine(copy.deepcopy(fused.model), cfg, CPU)
     plain.optimizer = torch.optim.AdamW(
         plain.model.parameters(),
         lr=cfg.lr,

@@ -14,7 +14,7 @@ from astraflow.config import ModelSpec
 from astraflow.config.trainer import TrainerConfig
 from astraflow.models import init_checkpoint, load_model
 from astraflow.sampling import SamplingSettings
-from trainer.engine import Engine, Rows
+from trainer.engine import Rows, TrainEngine
 from workers.engines.base import GenResult, SamplingParams
 from workers.engines.torch_engine import TorchEngine
 
@@ -73,7 +73,7 @@ def test_on_policy_ratio_is_one(checkpoint: Path, temperature: float, top_p: flo
     rows = rows_of(generate(checkpoint, sampling))
     m = rows.mask.bool()
     assert int(m.sum()) > 60
-    trainer = Engine(load_model(checkpoint), TrainerConfig(), torch.device("cpu"), sampling=sampling)
+    trainer = TrainEngine(load_model(checkpoint), TrainerConfig(), torch.device("cpu"), sampling=sampling)
     logp = trainer.logprobs(rows)
     ratio = torch.exp(logp - rows.behaviour)[m]
     assert (ratio - 1.0).abs().max().item() <= 1e-5
@@ -83,7 +83,7 @@ def test_on_policy_ratio_is_one(checkpoint: Path, temperature: float, top_p: flo
     # the check has teeth: plain log-softmax at T = 1 (the old trainer with a mismatched or
     # forgotten temperature, or no top-p) is far from the behaviour log-probs
     if (temperature, top_p) != (1.0, 1.0):
-        wrong = Engine(load_model(checkpoint), TrainerConfig(), torch.device("cpu")).logprobs(rows)
+        wrong = TrainEngine(load_model(checkpoint), TrainerConfig(), torch.device("cpu")).logprobs(rows)
         assert (wrong - rows.behaviour)[m].abs().mean().item() > 1e-2
 
 
@@ -93,7 +93,7 @@ def test_a_token_outside_the_current_nucleus_is_masked_and_counted(checkpoint: P
     sampling = SamplingSettings(temperature=1.0, top_p=0.3)
     rows = rows_of(generate(checkpoint, sampling))
     model = load_model(checkpoint)
-    trainer = Engine(model, TrainerConfig(max_grad_norm=None), torch.device("cpu"), sampling=sampling)
+    trainer = TrainEngine(model, TrainerConfig(max_grad_norm=None), torch.device("cpu"), sampling=sampling)
     logp = trainer.logprobs(rows)
     first = int(rows.mask[0].nonzero()[0])
     with torch.no_grad():  # the least likely token of the vocabulary is never in a 0.3 nucleus
@@ -142,7 +142,7 @@ def test_published_weights_are_the_ones_scored(
     rows = rows_of(asyncio.run(main()))
     m = rows.mask.bool()
     cfg = TrainerConfig(weights_dtype=weights_dtype, score_published_weights=score_published)  # type: ignore[arg-type]
-    trainer = Engine(model, cfg, torch.device("cpu"), sampling=sampling)
+    trainer = TrainEngine(model, cfg, torch.device("cpu"), sampling=sampling)
     trainer.serving_published = True  # as the service sets it once version 1 is out
     gap = (trainer.logprobs(rows) - rows.behaviour)[m].abs()
     assert all(torch.equal(v, master[k]) for k, v in model.state_dict().items())  # master weights restored

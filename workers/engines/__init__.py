@@ -1,4 +1,4 @@
-"""Inference engines behind one interface (`Engine`), chosen by `worker.engine.type`.
+"""Inference engines behind one interface (`InferenceEngine`), chosen by `worker.engine.type`.
 
 The recipe's engine section is a union discriminated by `type` (astraflow/config/worker.py), so a
 loaded recipe's engine arguments are already typed and checked; `build_engine` builds one engine
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from astraflow.config.worker import EngineConfig, SGLangArgs, SGLangEngineConfig, TorchArgs, TorchEngineConfig
 from astraflow.errors import ConfigError
-from workers.engines.base import Engine, GenResult, SamplingParams
+from workers.engines.base import GenResult, InferenceEngine, SamplingParams
 
 
-def _torch(policy: str, model_path: str, a: TorchArgs, seed: int, version: int) -> Engine:
+def _torch(policy: str, model_path: str, a: TorchArgs, seed: int, version: int) -> InferenceEngine:
     from workers.engines.torch_engine import TorchEngine
 
     return TorchEngine(
@@ -27,7 +27,7 @@ def _torch(policy: str, model_path: str, a: TorchArgs, seed: int, version: int) 
     )
 
 
-def _sglang(policy: str, model_path: str, a: SGLangArgs, version: int) -> Engine:
+def _sglang(policy: str, model_path: str, a: SGLangArgs, version: int) -> InferenceEngine:
     from workers.engines.sglang_engine import SGLangEngine
 
     url = a.urls.get(policy, a.url)
@@ -48,11 +48,11 @@ def _sglang(policy: str, model_path: str, a: SGLangArgs, version: int) -> Engine
 
 def build_engine(
     config: EngineConfig, policy: str, model_path: str, seed: int = 0, version: int = 0
-) -> Engine:
+) -> InferenceEngine:
     if isinstance(config, TorchEngineConfig):
         return _torch(policy, model_path, config.args, seed, version)
     assert isinstance(config, SGLangEngineConfig)  # the union has two members
     return _sglang(policy, model_path, config.args, version)
 
 
-__all__ = ["Engine", "GenResult", "SGLangArgs", "SamplingParams", "TorchArgs", "build_engine"]
+__all__ = ["InferenceEngine", "GenResult", "SGLangArgs", "SamplingParams", "TorchArgs", "build_engine"]

@@ -49,7 +49,7 @@ class GenResult:
     finish_reason: str = "length"  # stop | length | aborted
 
 
-class Engine(Protocol):
+class InferenceEngine(Protocol):
     """An inference engine serving one policy."""
 
     policy: str

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from astraflow.config import StrictModel, validate_model
 from astraflow.errors import ConfigError
 from astraflow.records import Task
-from workers.engines.base import Engine, GenResult, SamplingParams
+from workers.engines.base import GenResult, InferenceEngine, SamplingParams
 from workers.envs.base import Codec, Environment, Step
 
 
@@ -64,7 +64,7 @@ class EpisodeContext:
     sample_index: int
     env: Environment
     codec: Codec
-    engines: dict[str, Engine]
+    engines: dict[str, InferenceEngine]
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
