@@ -124,9 +124,10 @@ def create_app(
     """Build the Faust app for `recipe`'s streams pipeline. Checks the pipeline (names, arguments,
     order) and the topics before Faust starts. `app.astraflow` is the StreamsRuntime."""
 
-    from streams.faust_glue import AstraFaustApp, FaustTable, make_table, register_codec
+    from streams.faust_glue import AstraFaustApp, FaustTable, check_versions, make_table, register_codec
     from streams.runtime import StreamsRuntime, Topics, fatal
 
+    check_versions()
     register_codec()
     cfg = recipe.streams
     settings = resolve(kafka or recipe.kafka)

@@ -15,6 +15,8 @@ adapter whose writes name their changelog partition.
   for good, so that every `log.debug` in faust and aiokafka built a LogRecord that the handlers
   then dropped (~8% of the streams worker's CPU in a training run).
 - `make_table`: a faust Table whose changelog really uses the codecs it is given.
+- `check_versions`: the app refuses a faust-streaming or aiokafka release that these overrides of
+  their private code were not checked against (`TESTED`), instead of breaking silently.
 - `FaustTable`: the `Table` protocol of streams/grouping.py over a faust Table. Faust's own
   `table[key] = value` takes the changelog partition from the current event and so refuses to
   work in a timer; the group timeout sweep runs in a timer, and every group entry already knows
@@ -25,12 +27,35 @@ adapter whose writes name their changelog partition.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from importlib import metadata
 from typing import Any
 
 import faust
 import msgpack
 from faust.serializers import codecs
 from faust.transport.drivers import aiokafka as faust_aiokafka
+
+#: The releases whose internals the overrides here were read against and the crash tests ran with.
+#: `_StrictConsumer` (offsets: `_new_offset`, `_committed_offset`, `_acked`), `_IdempotentProducer`
+#: (`buffer`, aiokafka's `_message_accumulator.flush_for_commit`), `make_table`
+#: (`_new_changelog_topic`) and `QuietWorker` (`_sentinel_task`) lean on private code that a new
+#: release may move without a word; the exactly-once protocol would then break silently.
+TESTED = {"faust-streaming": ("0.15.3",), "aiokafka": ("0.13", "0.14")}
+
+
+def check_versions(installed: dict[str, str] | None = None) -> None:
+    """Refuse to run on a faust-streaming or aiokafka release these overrides were not checked
+    against (`TESTED`), naming it: review the overrides against it, then add it to `TESTED`."""
+    from astraflow.errors import ConfigError
+
+    for package, releases in TESTED.items():
+        version = (installed or {}).get(package) or metadata.version(package)
+        if not any(version == r or version.startswith(r + ".") for r in releases):
+            raise ConfigError(
+                f"streams: {package} {version} is installed, but streams/faust_glue.py overrides private "
+                f"code of {package} {' or '.join(releases)} (the commit protocol, the producer's flush, the "
+                f"tables' codecs): check those overrides against {version}, then add it to TESTED there"
+            )
 
 
 class MsgpackCodec(codecs.Codec):
@@ -69,7 +94,7 @@ class _IdempotentProducer(faust_aiokafka.Producer):
         between two emissions share one produce request; a group's emission, which must wait for
         its intent and then its Samples to be acknowledged, ends that linger here instead of
         waiting it out. aiokafka has no public "send now": `flush_for_commit` (written for
-        transactions; aiokafka 0.10-0.12) closes every open batch, wakes the sender and waits
+        transactions; aiokafka 0.10-0.14) closes every open batch, wakes the sender and waits
         for them, which is exactly that."""
         while self.buffer.size:
             await self.buffer.flush()

@@ -7,7 +7,8 @@ import logging
 import faust
 import pytest
 
-from streams.faust_glue import QuietWorker
+from astraflow.errors import ConfigError
+from streams.faust_glue import QuietWorker, check_versions
 
 
 @pytest.fixture
@@ -77,3 +78,16 @@ def test_an_error_while_the_app_stops_ends_the_task_quietly_and_any_other_stops_
     assert exits == []
     runtime.fatal(types.SimpleNamespace(should_stop=False), "the group emitter", RuntimeError("x"))
     assert exits == [runtime.EX_SOFTWARE]
+
+
+def test_the_installed_faust_and_aiokafka_are_ones_the_overrides_were_checked_against():
+    check_versions()  # what create_app runs first
+
+
+@pytest.mark.parametrize(
+    ("installed", "named"),
+    [({"faust-streaming": "0.16.0"}, "faust-streaming 0.16.0"), ({"aiokafka": "0.15.1"}, "aiokafka 0.15.1")],
+)
+def test_another_release_is_refused_by_name(installed, named):
+    with pytest.raises(ConfigError, match=named):
+        check_versions(installed)
