@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from astraflow.broker import BrokerState
@@ -25,6 +26,14 @@ from tests.e2e.helpers import processes_of, trainer_steps
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
 KINDS = ("worker", "streams", "trainer", "feed")
 BATCH_GROUPS = 2
+# the marks of a test that faults a whole `astraflow run` (its timeout: a loaded 2-core machine)
+RUN_MARKS = [
+    pytest.mark.faults,
+    pytest.mark.e2e,
+    pytest.mark.broker,
+    pytest.mark.slow,
+    pytest.mark.timeout(1800),
+]
 
 
 def start_run(recipe: Path, run_dir: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
