@@ -26,7 +26,6 @@ import asyncio
 import json
 import math
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,6 +39,7 @@ from astraflow.config import Recipe, load_recipe
 from astraflow.models import init_checkpoint, load_model
 from astraflow.records import Sample, Trajectory
 from astraflow.sampling import SamplingSettings
+from bench.learning_seeds import run_command
 from bench.machine import describe
 from streams.advantages import grpo
 from trainer.engine import TrainEngine, collate
@@ -135,18 +135,7 @@ def async_run(recipe_path: Path, staleness: int, steps: int, work: Path) -> dict
     run_dir = work / f"run-s{staleness}"
     start = time.perf_counter()
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "astraflow.cli",
-            "run",
-            str(recipe_file),
-            "--run-dir",
-            str(run_dir),
-            "--max-steps",
-            str(steps),
-            "--no-dashboard",
-        ],
+        run_command(recipe_file, run_dir, steps),
         check=True,
         cwd=REPO,
         stdout=subprocess.DEVNULL,

@@ -194,6 +194,24 @@ def set_key(data: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
     return data
 
 
+def run_command(recipe_file: Path, run_dir: Path, steps: int | None = None) -> list[str]:
+    """argv of `astraflow run` of `recipe_file` into `run_dir`, no dashboard, in this interpreter;
+    `steps`: --max-steps (None: the recipe's own end). The benchmarks that time whole runs share it."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "astraflow.cli",
+        "run",
+        str(recipe_file),
+        "--run-dir",
+        str(run_dir),
+        "--no-dashboard",
+    ]
+    if steps is not None:
+        cmd += ["--max-steps", str(steps)]
+    return cmd
+
+
 def run_recipe(
     data: dict[str, Any], run_dir: Path, steps: int | None, bootstrap: str | None = None
 ) -> dict[str, Any]:
@@ -212,18 +230,7 @@ def run_recipe(
         }
     recipe_file = run_dir.parent / f"{run_dir.name}.yaml"  # the run copies it to run_dir/recipe.yaml
     recipe_file.write_text(yaml.safe_dump(data, sort_keys=False))
-    cmd = [
-        sys.executable,
-        "-m",
-        "astraflow.cli",
-        "run",
-        str(recipe_file),
-        "--run-dir",
-        str(run_dir),
-        "--no-dashboard",
-    ]
-    if steps:
-        cmd += ["--max-steps", str(steps)]
+    cmd = run_command(recipe_file, run_dir, steps or None)
     with (run_dir / "run.log").open("w") as log:
         # every component imports this checkout, whatever directory the supervisor starts it in
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}

@@ -26,7 +26,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,6 +37,7 @@ from astraflow import broker
 from astraflow.config import KafkaSettings, load_recipe
 from astraflow.kafka import read_to_end
 from astraflow.records import Sample, SampleBatch, Task, WeightVersion, trajectories_of
+from bench.learning_seeds import run_command
 from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,18 +64,7 @@ def run_once(recipe_file: Path, steps: int, run_dir: Path, bootstrap: str, code:
     env = {**os.environ, "ASTRAFLOW_BOOTSTRAP": bootstrap, "PYTHONPATH": str(code)}
     start = time.perf_counter()
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "astraflow.cli",
-            "run",
-            str(recipe_file),
-            "--run-dir",
-            str(run_dir),
-            "--max-steps",
-            str(steps),
-            "--no-dashboard",
-        ],
+        run_command(recipe_file, run_dir, steps),
         check=True,
         cwd=code,
         env=env,

@@ -148,6 +148,8 @@ def final_checkpoint(run_dir: Path) -> Path:
 
 
 def run_astraflow(init: Path, steps: int, lr: float, work: Path) -> dict[str, Any]:
+    from bench.learning_seeds import run_command
+
     recipe_file = work / "arithmetic-vs-trl.yaml"
     recipe_file.write_text(yaml.safe_dump(bench_recipe(yaml.safe_load(RECIPE.read_text()), init, steps, lr)))
     run_dir = work / "astraflow"
@@ -155,18 +157,7 @@ def run_astraflow(init: Path, steps: int, lr: float, work: Path) -> dict[str, An
     start = time.perf_counter()
     with log.open("w") as out:
         done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "astraflow.cli",
-                "run",
-                str(recipe_file),
-                "--run-dir",
-                str(run_dir),
-                "--max-steps",
-                str(steps),
-                "--no-dashboard",
-            ],
+            run_command(recipe_file, run_dir, steps),
             cwd=REPO,
             stdout=out,
             stderr=subprocess.STDOUT,

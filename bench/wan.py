@@ -36,7 +36,7 @@ from astraflow.net.linkproxy import Link
 from astraflow.net.regions import Region
 from bench import wanlink
 from bench.machine import describe
-from tests.conftest import subprocess_env
+from tests.conftest import subprocess_env, worker_cmd
 from tests.e2e.helpers import recipe_copy, start_run
 from tests.wan.helpers import wan_site
 
@@ -153,18 +153,7 @@ def run_case(case: str, region: Region, tmp: Path, args: argparse.Namespace) -> 
             if in_region:
                 workers.append(
                     region.popen(
-                        [
-                            sys.executable,
-                            "-m",
-                            "astraflow.cli",
-                            "worker",
-                            "--recipe",
-                            str(recipe),
-                            "--run-dir",
-                            str(run_dir),
-                            "--id",
-                            f"w{i}",
-                        ],
+                        worker_cmd(recipe, run_dir, f"w{i}"),
                         env=site.region_env(ns, **wenv),
                         log=logs[i],
                     )
@@ -173,18 +162,7 @@ def run_case(case: str, region: Region, tmp: Path, args: argparse.Namespace) -> 
                 with open(logs[i], "ab") as out:
                     workers.append(
                         subprocess.Popen(
-                            [
-                                sys.executable,
-                                "-m",
-                                "astraflow.cli",
-                                "worker",
-                                "--recipe",
-                                str(recipe),
-                                "--run-dir",
-                                str(run_dir),
-                                "--id",
-                                f"w{i}",
-                            ],
+                            worker_cmd(recipe, run_dir, f"w{i}"),
                             env=env | wenv,
                             stdout=out,
                             stderr=subprocess.STDOUT,

@@ -54,7 +54,7 @@ class _Plan:
 
 class Emitter:
     """The emission half of StreamsRuntime (a mixin: it uses the runtime's collector, pipeline,
-    topics, counters and producer)."""
+    topics, counters, producer and dead letters)."""
 
     app: Any
     collector: Any
@@ -63,6 +63,8 @@ class Emitter:
     settings: Any
     policies: frozenset[str]
     counters: Any
+    dead: Any
+    publisher: Any
     cache: Any
     arrived: Any
     queue: dict[str, str]
@@ -84,10 +86,16 @@ class Emitter:
         error: str,
         wait: bool = True,
     ) -> None:
-        raise NotImplementedError
+        """Dead-letter one record and wait for the broker's ack: its offset may be committed next.
+        `wait=False`: the caller waits once (`flush_dead`) for several, before its offset is done."""
+        self.dead.publish(topic, partition, offset, key, raw, error)
+        self.counters.inc("trajectories.deadlettered")
+        self.counters.inc("deadletter.count")
+        if wait:
+            await self.flush_dead()
 
     async def flush_dead(self) -> None:
-        raise NotImplementedError
+        await asyncio.get_running_loop().run_in_executor(None, self.publisher.flush, 60.0)
 
     def _group(self, gid: str, meta: OpenGroup, complete: bool) -> Group | None:
         trajs = []

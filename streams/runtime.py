@@ -181,27 +181,6 @@ class StreamsRuntime(Emitter):
         if any(result.ready for result in added):
             self.enqueue(kept[0][0].group_id, "complete")
 
-    async def deadletter(
-        self,
-        topic: str,
-        partition: int,
-        offset: int,
-        key: bytes | None,
-        raw: bytes,
-        error: str,
-        wait: bool = True,
-    ) -> None:
-        """Dead-letter one record and wait for the broker's ack: its offset may be committed next.
-        `wait=False`: the caller waits once (`flush_dead`) for several, before its offset is done."""
-        self.dead.publish(topic, partition, offset, key, raw, error)
-        self.counters.inc("trajectories.deadlettered")
-        self.counters.inc("deadletter.count")
-        if wait:
-            await self.flush_dead()
-
-    async def flush_dead(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self.publisher.flush, 60.0)
-
     # ---------------------------------------------------------------- sweep
 
     def _ready_for_sweep(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,3 +78,18 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
+
+
+def cli(*args: str) -> list[str]:
+    """argv of `astraflow ARGS` in this interpreter, the way the runner's supervisor starts components."""
+    return [sys.executable, "-m", "astraflow.cli", *args]
+
+
+def worker_cmd(recipe: Path, run_dir: Path, worker_id: str, *args: str) -> list[str]:
+    """argv of an `astraflow worker` of `recipe` joining the run in `run_dir` as `worker_id`."""
+    return cli("worker", "--recipe", str(recipe), "--run-dir", str(run_dir), "--id", worker_id, *args)
+
+
+def run_cmd(recipe: Path, run_dir: Path, *args: str) -> list[str]:
+    """argv of `astraflow run` of `recipe` into `run_dir` without the dashboard."""
+    return cli("run", str(recipe), "--run-dir", str(run_dir), "--no-dashboard", *args)

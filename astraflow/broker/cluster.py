@@ -189,27 +189,7 @@ def _start_node(
         )
     )
     one.format_storage(java, libs, node, props, None, cluster_id=state.cluster_id)
-    cmd = [
-        java,
-        *one.jvm_flags(heap),
-        f"-Dlog4j2.configurationFile=file:{one.LOG4J}",
-        f"-Dkafka.logs.dir={logs}",
-        f"-Dastraflow.data.dir={node}",
-        "-cp",
-        f"{libs}/*",
-        "kafka.Kafka",
-        str(props),
-    ]
-    with open(logs / "kafka.out", "ab") as out:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            cwd=node,
-            preexec_fn=one.die_with_parent_signal if die_with_parent else None,
-        )
+    proc = one.spawn_kafka(java, heap, libs, node, props, logs, die_with_parent)
     one.BrokerState(
         pid=proc.pid,
         port=port,

@@ -304,29 +304,9 @@ def start(
         )
         cluster_id = format_storage(java, libs, data_dir, props, state, passwords=passwords)
         log_file = logs / "kafka.log"
-        cmd = [
-            java,
-            *jvm_flags(heap),
-            *classdata.broker_flags(java, libs, data_dir),
-            f"-Dlog4j2.configurationFile=file:{LOG4J}",
-            f"-Dkafka.logs.dir={logs}",
-            f"-Dastraflow.data.dir={data_dir}",
-            "-cp",
-            f"{libs}/*",
-            "kafka.Kafka",
-            str(props),
-        ]
+        flags = classdata.broker_flags(java, libs, data_dir)
         started = time.time()
-        with open(logs / "kafka.out", "ab") as out:
-            proc = subprocess.Popen(
-                cmd,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                cwd=data_dir,
-                preexec_fn=die_with_parent_signal if die_with_parent else None,
-            )
+        proc = spawn_kafka(java, heap, libs, data_dir, props, logs, die_with_parent, flags)
         state = BrokerState(
             pid=proc.pid,
             port=port,
@@ -359,6 +339,42 @@ def start(
         raise BrokerError(
             f"Kafka did not answer on {state.bootstrap} within {timeout:.0f}s. Log: {log_file}\n"
             f"{log_tail(log_file)}"
+        )
+
+
+def spawn_kafka(
+    java: str,
+    heap: str,
+    libs: Path,
+    data_dir: Path,
+    props: Path,
+    logs: Path,
+    die_with_parent: bool,
+    extra_flags: list[str] | tuple[str, ...] = (),
+) -> subprocess.Popen[bytes]:
+    """Start one Kafka JVM on `props` in its own session, its output appended to logs/kafka.out
+    (the single broker's start and each node of a cluster)."""
+    cmd = [
+        java,
+        *jvm_flags(heap),
+        *extra_flags,
+        f"-Dlog4j2.configurationFile=file:{LOG4J}",
+        f"-Dkafka.logs.dir={logs}",
+        f"-Dastraflow.data.dir={data_dir}",
+        "-cp",
+        f"{libs}/*",
+        "kafka.Kafka",
+        str(props),
+    ]
+    with open(logs / "kafka.out", "ab") as out:
+        return subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=data_dir,
+            preexec_fn=die_with_parent_signal if die_with_parent else None,
         )
 
 

@@ -11,7 +11,7 @@ import functools
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -71,6 +71,18 @@ NAME = Str(max_chars=64, pattern=NAME_RE)
 SHA256 = Str(max_chars=64, pattern=re.compile(r"^[0-9a-f]{64}$"))
 
 
+_N = TypeVar("_N", int, float)
+
+
+def _in_range(field: str, value: _N, low: _N | None, high: _N | None) -> _N:
+    """`value` when it lies within the bounds given (Int and Float)."""
+    if low is not None and value < low:
+        raise _fail(field, f"{value} is below the minimum {low}")
+    if high is not None and value > high:
+        raise _fail(field, f"{value} is above the maximum {high}")
+    return value
+
+
 @dataclass(frozen=True)
 class Int(Kind):
     min: int | None = None
@@ -81,11 +93,7 @@ class Int(Kind):
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise _fail(field, f"expected an integer, got {_type_name(value)}")
-        if self.min is not None and value < self.min:
-            raise _fail(field, f"{value} is below the minimum {self.min}")
-        if self.max is not None and value > self.max:
-            raise _fail(field, f"{value} is above the maximum {self.max}")
-        return value
+        return _in_range(field, value, self.min, self.max)
 
 
 @dataclass(frozen=True)
@@ -101,11 +109,7 @@ class Float(Kind):
         value = float(value)
         if not math.isfinite(value):
             raise _fail(field, f"must be finite, got {value}")
-        if self.min is not None and value < self.min:
-            raise _fail(field, f"{value} is below the minimum {self.min}")
-        if self.max is not None and value > self.max:
-            raise _fail(field, f"{value} is above the maximum {self.max}")
-        return value
+        return _in_range(field, value, self.min, self.max)
 
 
 @dataclass(frozen=True)

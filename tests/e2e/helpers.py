@@ -6,14 +6,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tests.conftest import REPO, subprocess_env
+from tests.conftest import REPO, run_cmd, subprocess_env
 from tests.kafka_helpers import wait_for  # noqa: F401 - the e2e tests import it from here
 
 
@@ -36,17 +35,7 @@ def run_env(bootstrap: str) -> dict[str, str]:
 
 def start_run(recipe: Path, run_dir: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "astraflow.cli",
-            "run",
-            str(recipe),
-            "--run-dir",
-            str(run_dir),
-            "--no-dashboard",
-            *args,
-        ],
+        run_cmd(recipe, run_dir, *args),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

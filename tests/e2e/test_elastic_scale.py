@@ -19,7 +19,6 @@ import re
 import signal
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ import yaml
 
 from astraflow.config import KafkaSettings
 from astraflow.records import Task, Trajectory
-from tests.conftest import REPO
+from tests.conftest import REPO, worker_cmd
 from tests.e2e.helpers import finish, recipe_copy, run_env, start_run, wait_for
 from tests.workers.kafka_util import read_topic, read_trajectories
 
@@ -110,18 +109,7 @@ def start_worker(tmp_path: Path, run_dir: Path, env: dict[str, str], wid: str) -
     recipe.write_text(yaml.safe_dump(data))
     log = open(run_dir / f"outside-{wid}.log", "wb")  # noqa: SIM115 - the process owns it
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "astraflow.cli",
-            "worker",
-            "--recipe",
-            str(recipe),
-            "--run-dir",
-            str(run_dir),
-            "--id",
-            wid,
-        ],
+        worker_cmd(recipe, run_dir, wid),
         stdout=log,
         stderr=subprocess.STDOUT,
         cwd=REPO,

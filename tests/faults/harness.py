@@ -9,23 +9,31 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from astraflow.broker import BrokerState
 from astraflow.config import KafkaSettings
 from astraflow.runner.ledger import Ledger, build
-from tests.conftest import REPO, subprocess_env
+from tests.conftest import REPO, cli, run_cmd, subprocess_env
 from tests.e2e.helpers import processes_of, trainer_steps
 
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
 KINDS = ("worker", "streams", "trainer", "feed")
 BATCH_GROUPS = 2
+# the marks of a test that faults a whole `astraflow run` (its timeout: a loaded 2-core machine)
+RUN_MARKS = [
+    pytest.mark.faults,
+    pytest.mark.e2e,
+    pytest.mark.broker,
+    pytest.mark.slow,
+    pytest.mark.timeout(1800),
+]
 
 
 def start_run(recipe: Path, run_dir: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
@@ -35,17 +43,7 @@ def start_run(recipe: Path, run_dir: Path, env: dict[str, str], *args: str) -> s
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     out = open(run_dir.parent / f"{run_dir.name}-{time.time_ns()}.out", "w+")  # noqa: SIM115 - closed by finish
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "astraflow.cli",
-            "run",
-            str(recipe),
-            "--run-dir",
-            str(run_dir),
-            "--no-dashboard",
-            *args,
-        ],
+        run_cmd(recipe, run_dir, *args),
         env=env,
         stdout=out,
         stderr=subprocess.STDOUT,
@@ -113,19 +111,7 @@ def restart_broker(data_dir: Path) -> str:
     """`astraflow broker start` on `data_dir` and its port: the clients reconnect by themselves."""
     port = int(broker_state(data_dir)["port"])
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "astraflow.cli",
-            "broker",
-            "start",
-            "--port",
-            str(port),
-            "--data-dir",
-            str(data_dir),
-            "--timeout",
-            "900",
-        ],
+        cli("broker", "start", "--port", str(port), "--data-dir", str(data_dir), "--timeout", "900"),
         capture_output=True,
         text=True,
         timeout=960,

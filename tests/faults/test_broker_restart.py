@@ -8,13 +8,12 @@ import signal
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import subprocess_env
 from tests.e2e.helpers import processes_of, trainer_steps
 from tests.faults.harness import (
     BATCH_GROUPS,
     KINDS,
+    RUN_MARKS,
     broker_state,
     component_pids,
     drain,
@@ -26,13 +25,7 @@ from tests.faults.harness import (
     wait_steps,
 )
 
-pytestmark = [
-    pytest.mark.faults,
-    pytest.mark.e2e,
-    pytest.mark.broker,
-    pytest.mark.slow,
-    pytest.mark.timeout(1800),
-]  # a loaded 2-core machine: restarts take minutes
+pytestmark = RUN_MARKS  # a loaded 2-core machine: restarts take minutes
 
 
 def test_a_broker_killed_and_restarted_under_load_loses_nothing(tmp_path: Path) -> None:

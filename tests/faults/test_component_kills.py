@@ -13,14 +13,13 @@ import signal
 import time
 from pathlib import Path
 
-import pytest
-
 from astraflow.failpoints import TRAINER_ENV
 from astraflow.runner.ledger import build
 from tests.e2e.helpers import run_env
 from tests.faults.harness import (
     BATCH_GROUPS,
     KINDS,
+    RUN_MARKS,
     component_pids,
     drain,
     fault_recipe,
@@ -31,13 +30,7 @@ from tests.faults.harness import (
     wait_steps,
 )
 
-pytestmark = [
-    pytest.mark.faults,
-    pytest.mark.e2e,
-    pytest.mark.broker,
-    pytest.mark.slow,
-    pytest.mark.timeout(1800),
-]  # a loaded 2-core machine: restarts take minutes
+pytestmark = RUN_MARKS  # a loaded 2-core machine: restarts take minutes
 
 
 def spawns(run_dir: Path, name: str) -> int:

@@ -25,8 +25,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from astraflow.config import KafkaSettings, load_recipe
 from astraflow.kafka import TopicReader, make_producer
 from astraflow.records import (
@@ -37,15 +35,17 @@ from astraflow.records.fields import MAX_KEY_BYTES
 from astraflow.topics import DEADLETTER
 from tests.e2e.helpers import run_env, summary, trainer_steps
 from tests.faults.fuzzing import POLICY, TOTAL, Fuzzed, Fuzzer, fuzz
-from tests.faults.harness import component_pids, fault_recipe, finish, settings_of, start_run, wait_steps
+from tests.faults.harness import (
+    RUN_MARKS,
+    component_pids,
+    fault_recipe,
+    finish,
+    settings_of,
+    start_run,
+    wait_steps,
+)
 
-pytestmark = [
-    pytest.mark.faults,
-    pytest.mark.e2e,
-    pytest.mark.broker,
-    pytest.mark.slow,
-    pytest.mark.timeout(1800),
-]  # a loaded 2-core machine: the first step can take minutes
+pytestmark = RUN_MARKS  # a loaded 2-core machine: the first step can take minutes
 
 #: The supervisor's words for a component that exited on its own (astraflow/runner/supervisor.py).
 CRASH_EVENTS = re.compile(r"crashed with status|failed with status|restarted ")

@@ -12,10 +12,9 @@ import torch
 from safetensors.torch import save_file
 
 from astraflow.config.trainer import LossConfig, TrainerConfig
-from tests.trainer.helpers import tiny_model
-from tests.trainer.synth import make_group
+from tests.trainer.helpers import exchanged_batch, tiny_model
 from trainer import distributed
-from trainer.engine import TrainEngine, collate
+from trainer.engine import TrainEngine
 
 
 def main(out: Path, policy_loss: str = "ppo") -> None:
@@ -25,13 +24,7 @@ def main(out: Path, policy_loss: str = "ppo") -> None:
     cfg = TrainerConfig(lr=1e-4, micro_batch_tokens=48, max_grad_norm=1.0, loss=loss)
     engine = TrainEngine(tiny_model(), cfg, torch.device("cpu"), distributed=dist.enabled, pad_id=0)
     for step in (1, 2, 3):
-        rows = totals = None
-        if dist.leader:
-            samples = [s for g in range(3) for s in make_group("p", f"s{step}g{g}", seed=step, size=3)]
-            rows = collate(samples, pad_id=0)
-            totals = (float(rows.mask.sum()), float((rows.mask.sum(-1) > 0).sum()))
-        mine, num_tokens, num_seqs, _ = distributed.exchange(dist, rows, totals or (0.0, 0.0), step)
-        assert mine is not None
+        mine, num_tokens, num_seqs = exchanged_batch(dist, step)
         stats = engine.step(mine, step, num_tokens, num_seqs)
         if step == 1 and dist.leader:
             grads = {k: p.grad.clone() for k, p in engine.model.named_parameters() if p.grad is not None}

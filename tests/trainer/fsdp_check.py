@@ -15,11 +15,10 @@ from safetensors.torch import save_file
 
 from astraflow.config.trainer import LossConfig, TrainerConfig
 from astraflow.models import init_checkpoint, load_model, load_tokenizer
-from tests.trainer.helpers import TINY
-from tests.trainer.synth import make_group
+from tests.trainer.helpers import TINY, exchanged_batch
 from trainer import checkpoint as ckpt
 from trainer import distributed, sharding
-from trainer.engine import TrainEngine, collate
+from trainer.engine import TrainEngine
 
 
 def main(out: Path, parallel: str, first: int, last: int, resume: str | None = None) -> None:
@@ -34,13 +33,8 @@ def main(out: Path, parallel: str, first: int, last: int, resume: str | None = N
     if resume:
         engine.load_optimizer(ckpt.read_optimizer(Path(resume)))
     for step in range(first, last + 1):
-        rows = totals = None
-        if dist.leader:  # rows of uneven lengths: ranks get different micro-batch counts
-            samples = [s for g in range(3) for s in make_group("p", f"s{step}g{g}", seed=step, size=3)]
-            rows = collate(samples, pad_id=0)
-            totals = (float(rows.mask.sum()), float((rows.mask.sum(-1) > 0).sum()))
-        mine, num_tokens, num_seqs, _ = distributed.exchange(dist, rows, totals or (0.0, 0.0), step)
-        assert mine is not None
+        # rows of uneven lengths: ranks get different micro-batch counts
+        mine, num_tokens, num_seqs = exchanged_batch(dist, step)
         stats = engine.step(mine, step, num_tokens, num_seqs)
         if step == first:  # gathering a sharded gradient is a collective: every rank takes part
             grads = {

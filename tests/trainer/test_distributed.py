@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,41 +11,13 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import REPO, subprocess_env
+from tests.trainer.helpers import run_check
 
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(out: Path, nproc: int, policy_loss: str = "ppo") -> None:
-    out.mkdir()
-    script = str(REPO / "tests" / "trainer" / "ddp_check.py")
-    cmd = (
-        [sys.executable, script, str(out), policy_loss]
-        if nproc == 1
-        else [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            str(nproc),
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(free_port()),
-            script,
-            str(out),
-            policy_loss,
-        ]
-    )
-    done = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=subprocess_env(OMP_NUM_THREADS="1")
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_check(str(REPO / "tests" / "trainer" / "ddp_check.py"), out, nproc, policy_loss)
 
 
 @pytest.mark.parametrize("policy_loss", ["ppo", "m2po"])
@@ -96,15 +66,7 @@ def test_the_trainer_under_torchrun_trains_like_one_process(
 
     def torchrun(max_steps: int) -> str:
         cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(free_port()),
+            *torchrun(2),
             "-m",
             "astraflow.cli",
             "trainer",

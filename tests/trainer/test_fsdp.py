@@ -4,44 +4,22 @@ process does, writes full Hugging Face checkpoints, and resumes from them with i
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import REPO, subprocess_env
-from tests.trainer.test_distributed import free_port
+from tests.conftest import REPO
+from tests.trainer.helpers import run_check
 
 pytestmark = pytest.mark.slow
 SCRIPT = str(REPO / "tests" / "trainer" / "fsdp_check.py")
 
 
 def run(out: Path, nproc: int, parallel: str, first: int, last: int, resume: Path | None = None) -> None:
-    out.mkdir()
-    args = [SCRIPT, str(out), parallel, str(first), str(last), *([str(resume)] if resume else [])]
-    cmd = (
-        [sys.executable, *args]
-        if nproc == 1
-        else [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            str(nproc),
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(free_port()),
-            *args,
-        ]
-    )
-    done = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=subprocess_env(OMP_NUM_THREADS="1")
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    args = [parallel, str(first), str(last), *([str(resume)] if resume else [])]
+    run_check(SCRIPT, out, nproc, *args)
 
 
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from astraflow import broker
 from astraflow.config import KafkaSettings
 from astraflow.net.linkproxy import read_stats
 from astraflow.net.regions import Region
-from tests.conftest import subprocess_env
+from tests.conftest import subprocess_env, worker_cmd
 from tests.kafka_helpers import read_topic
 
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
@@ -64,20 +63,7 @@ class WanSite:
     ) -> Any:
         env = self.region_env(namespace, **({"ASTRAFLOW_WAN": "1"} if wan else {}))
         return self.region.popen(
-            [
-                sys.executable,
-                "-m",
-                "astraflow.cli",
-                "worker",
-                "--recipe",
-                str(recipe),
-                "--run-dir",
-                str(run_dir),
-                "--region",
-                self.region.name,
-                "--id",
-                worker_id,
-            ],
+            worker_cmd(recipe, run_dir, worker_id, "--region", self.region.name),
             env=env,
             log=log,
         )

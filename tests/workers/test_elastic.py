@@ -9,7 +9,6 @@ import collections
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import yaml
 from astraflow.config import KafkaSettings
 from astraflow.records import Trajectory
 
-from ..conftest import subprocess_env
+from ..conftest import subprocess_env, worker_cmd
 from .conftest import TINY
 from .kafka_util import committed, end_offsets, read_topic, read_trajectories
 
@@ -33,20 +32,7 @@ TASKS = FIRST + SECOND
 def start_worker(recipe: Path, run_dir: Path, wid: str, log_dir: Path) -> subprocess.Popen[bytes]:
     log = open(log_dir / f"{wid}.log", "wb")  # noqa: SIM115 - the process owns it
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "astraflow.cli",
-            "worker",
-            "--recipe",
-            str(recipe),
-            "--run-dir",
-            str(run_dir),
-            "--id",
-            wid,
-            "--region",
-            f"r-{wid}",
-        ],
+        worker_cmd(recipe, run_dir, wid, "--region", f"r-{wid}"),
         stdout=log,
         stderr=subprocess.STDOUT,
         env=subprocess_env(ASTRAFLOW_LOG_LEVEL="INFO"),
