@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from astraflow.broker import jvm
 from astraflow.broker import launcher as one
 from astraflow.errors import BrokerError
 
@@ -72,7 +73,7 @@ class ClusterState:
 
 def alive(state: ClusterState) -> list[bool]:
     """Whether each node's JVM runs (PID-reuse safe)."""
-    return [one.is_our_jvm(pid, state.node_dir(i)) for i, pid in enumerate(state.pids)]
+    return [jvm.is_our_jvm(pid, state.node_dir(i)) for i, pid in enumerate(state.pids)]
 
 
 def brokers_answering(bootstrap: str, timeout: float) -> int:
@@ -130,7 +131,7 @@ def start(
         if state is None:
             state = ClusterState(
                 str(data_dir),
-                one.new_cluster_id(),
+                jvm.new_cluster_id(),
                 _ports(nodes, port),
                 [one.free_port() for _ in range(nodes)],
                 [0] * nodes,
@@ -188,8 +189,8 @@ def _start_node(
             node, port, controller_port, node_id=i + 1, voters=voters, replicas=min(3, len(state.ports))
         )
     )
-    one.format_storage(java, libs, node, props, None, cluster_id=state.cluster_id)
-    proc = one.spawn_kafka(java, heap, libs, node, props, logs, die_with_parent)
+    jvm.format_storage(java, libs, node, props, None, cluster_id=state.cluster_id)
+    proc = jvm.spawn_kafka(java, heap, libs, node, props, logs, die_with_parent)
     one.BrokerState(
         pid=proc.pid,
         port=port,
@@ -217,7 +218,7 @@ def stop(data_dir: Path | None = None, timeout: float = 30.0) -> ClusterState | 
     deadline = time.time() + timeout
     while time.time() < deadline and any(alive(state)):
         for pid in state.pids:
-            one.reap(pid)
+            jvm.reap(pid)
         time.sleep(0.2)
     for i, up in enumerate(alive(state)):
         if up:
@@ -225,7 +226,7 @@ def stop(data_dir: Path | None = None, timeout: float = 30.0) -> ClusterState | 
                 os.kill(state.pids[i], signal.SIGKILL)
     for _ in range(50):
         for pid in state.pids:
-            one.reap(pid)
+            jvm.reap(pid)
         if not any(alive(state)):
             break
         time.sleep(0.1)

@@ -39,7 +39,8 @@ def register(app: typer.Typer) -> None:
         """Run a recipe end to end: broker, topics, trainers, streams, workers and feeder."""
         import sys
 
-        from astraflow.runner.run import Run, RunOptions
+        from astraflow.runner.plan import RunOptions
+        from astraflow.runner.run import Run
         from astraflow.runner.supervisor import exit_now
 
         show = sys.stderr.isatty() if dashboard is None else dashboard

@@ -16,7 +16,7 @@ from astraflow.kafka import resolve
 from astraflow.runner.advice import DEFAULT_MAX_EPISODES, advise, measure, rows_from_history
 from astraflow.runner.collector import MetricsCollector, Snapshot
 from astraflow.runner.dashboard import render
-from astraflow.runner.run import run_dir_of
+from astraflow.runner.plan import run_dir_of
 from astraflow.topics import METRICS
 
 

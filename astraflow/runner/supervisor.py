@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
-from astraflow.broker.launcher import die_with_parent_signal
+from astraflow.broker.jvm import die_with_parent_signal
 
 log = logging.getLogger(__name__)
 

@@ -108,6 +108,7 @@ def test_a_broker_that_fails_to_start_stops_the_components_waiting_for_it(
 
     from astraflow.errors import BrokerError
     from astraflow.runner import run as run_module
+    from astraflow.runner.plan import RunOptions
 
     recipe = recipe_copy("arithmetic", tmp_path, model=TINY, worker={"count": 1})
 
@@ -120,7 +121,7 @@ def test_a_broker_that_fails_to_start_stops_the_components_waiting_for_it(
     for name, value in subprocess_env().items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("ASTRAFLOW_BOOTSTRAP", raising=False)
-    run = run_module.Run(recipe, run_module.RunOptions(run_dir=tmp_path / "run", dashboard=False))
+    run = run_module.Run(recipe, RunOptions(run_dir=tmp_path / "run", dashboard=False))
     with pytest.raises(BrokerError, match="exited with status 1"):
         run.execute()
     assert run.sup is not None and {c.name for c in run.sup.components} == {

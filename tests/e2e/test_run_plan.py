@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from astraflow.config import load_recipe
-from astraflow.runner.run import RunOptions, components
+from astraflow.runner.plan import RunOptions, components
 from tests.conftest import REPO
 
 
