@@ -65,8 +65,9 @@ from trainer import checkpoint as ckpt
 from trainer import distributed
 from trainer.background import BackgroundJob
 from trainer.batching import Batch, GroupBuffer
-from trainer.engine import TrainEngine, collate
+from trainer.engine import TrainEngine
 from trainer.intake import PARTITION_CHECK_S, SampleIntake
+from trainer.rows import collate
 
 log = logging.getLogger(__name__)
 #: Lags 0..15 get their own histogram bucket; larger ones share `staleness.lag.ge16`.
