@@ -42,7 +42,8 @@ from astraflow.sampling import SamplingSettings
 from bench.learning_seeds import run_command
 from bench.machine import describe
 from streams.advantages import grpo
-from trainer.engine import TrainEngine, collate
+from trainer.engine import TrainEngine
+from trainer.rows import collate
 from workers.engines.torch_engine import TorchEngine
 from workers.envs.base import Codec, load_tokenizer
 from workers.episodes import Runtime, run_episode

@@ -28,7 +28,8 @@ from astraflow.records import Sample, group_id, traj_id
 from astraflow.weights import WeightStore, fetch_weights
 from astraflow.weights import format as fmt
 from bench.machine import describe
-from trainer.engine import TrainEngine, collate
+from trainer.engine import TrainEngine
+from trainer.rows import collate
 
 VOCAB = 98
 

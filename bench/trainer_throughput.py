@@ -30,8 +30,9 @@ from astraflow.models import build_model
 from astraflow.records import Metric
 from bench.machine import describe
 from bench.trainer_deltas import synthetic_batch
-from trainer.engine import collate, loss_settings, make_optimizer
+from trainer.engine import loss_settings, make_optimizer
 from trainer.losses import policy_loss, token_logprobs
+from trainer.rows import collate
 from trainer.service import Trainer
 
 

@@ -37,7 +37,8 @@ from astraflow.sampling import SamplingSettings
 from bench.e2e_sync_vs_async import samples_of
 from bench.learning_seeds import seeded, set_key
 from bench.machine import describe
-from trainer.engine import TrainEngine, collate
+from trainer.engine import TrainEngine
+from trainer.rows import collate
 from workers.engines.torch_engine import TorchEngine
 from workers.envs.base import Codec, load_tokenizer
 from workers.episodes import Runtime, run_episode

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from trainer.engine import Rows
+from trainer.rows import Rows
 
 IDLE, BATCH = 0, 1
 

@@ -1,10 +1,10 @@
-"""One optimiser step on a batch of Samples: collation, micro-batches, loss, AdamW.
+"""One optimiser step on a batch of Samples: micro-batches, loss, AdamW.
 
 The model holds float32 master weights; an optional autocast runs forward/backward in bfloat16.
 A batch is padded into rows, sorted by length and cut into micro-batches of at most
-`micro_batch_tokens` padded tokens whose gradients accumulate; the loss of each micro-batch is
-divided by the batch-wide token (or sequence) count, so the sum over micro-batches, and over
-data-parallel ranks, is exactly the batch's loss. Under DDP every rank runs its rows and the
+`micro_batch_tokens` padded tokens (trainer/rows.py) whose gradients accumulate; the loss of each
+micro-batch is divided by the batch-wide token (or sequence) count, so the sum over micro-batches,
+and over data-parallel ranks, is exactly the batch's loss. Under DDP every rank runs its rows and the
 gradients are all-reduced once, on the last micro-batch (DDP averages, so the loss is scaled by the
 world size to keep the sum). Under FSDP2 (`trainer.parallel: fsdp`, trainer/sharding.py) the same
 holds with a reduce-scatter, which also averages. The learning rate follows a linear warm-up, set
@@ -37,18 +37,17 @@ import contextlib
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-import numpy as np
 import torch
 
 from astraflow.config.trainer import TrainerConfig
 from astraflow.errors import AstraFlowError
-from astraflow.records import Sample
 from astraflow.sampling import SamplingSettings
 from trainer import sharding
 from trainer.losses import LossSettings, log_ratio, m2po_cut, policy_loss, token_logprobs
+from trainer.rows import Rows, _logits, micro_batches
 
 #: Sums reduced over micro-batches and ranks (order matters: they travel as one tensor).
 STAT_KEYS = (
@@ -64,77 +63,6 @@ STAT_KEYS = (
     "entropy",
     "outside",
 )
-
-
-@dataclass
-class Rows:
-    """A padded batch; per-token fields are aligned to the predicted tokens (length L - 1)."""
-
-    tokens: torch.Tensor  # int64 [N, L]
-    lengths: torch.Tensor  # int64 [N]
-    mask: torch.Tensor  # float32 [N, L-1]
-    behaviour: torch.Tensor  # float32 [N, L-1]
-    advantages: torch.Tensor  # float32 [N, L-1]
-
-    def __len__(self) -> int:
-        return int(self.tokens.shape[0])
-
-    def select(self, index: torch.Tensor) -> Rows:
-        """Rows `index`, trimmed to their longest sequence."""
-        length = max(int(self.lengths[index].max()), 2) if len(index) else 2
-        return Rows(
-            self.tokens[index, :length],
-            self.lengths[index],
-            self.mask[index, : length - 1],
-            self.behaviour[index, : length - 1],
-            self.advantages[index, : length - 1],
-        )
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [self.tokens, self.lengths, self.mask, self.behaviour, self.advantages]
-
-
-def collate(samples: list[Sample], pad_id: int) -> Rows:
-    n, length = len(samples), max(max(len(s.tokens) for s in samples), 2)
-    tokens = np.full((n, length), pad_id, np.int64)
-    lengths = np.zeros(n, np.int64)
-    mask, behaviour, adv = (np.zeros((n, length), np.float32) for _ in range(3))
-    for i, s in enumerate(samples):
-        k = len(s.tokens)
-        tokens[i, :k], lengths[i] = s.tokens, k
-        mask[i, :k], behaviour[i, :k], adv[i, :k] = s.loss_mask, s.logprobs, s.advantages
-    return Rows(
-        torch.from_numpy(tokens),
-        torch.from_numpy(lengths),
-        torch.from_numpy(mask[:, 1:]).contiguous(),
-        torch.from_numpy(behaviour[:, 1:]).contiguous(),
-        torch.from_numpy(adv[:, 1:]).contiguous(),
-    )
-
-
-def _logits(model: Any, tokens: torch.Tensor) -> torch.Tensor:
-    """The logits of right-padded rows (`collate`). No attention mask: causal attention alone gives
-    every real token exactly the context it has with the padding mask, since padding only follows
-    it (bitwise-equal logits, tests/trainer/test_engine.py), and the model builds no 4-D mask: a
-    training step of the arithmetic recipe's model 5% shorter on CPU. Padding positions get logits
-    too, which the loss mask leaves out."""
-    return model(input_ids=tokens).logits
-
-
-def micro_batches(rows: Rows, max_tokens: int) -> list[Rows]:
-    """Longest rows first, greedily packed so that rows x longest <= max_tokens (one row at least)."""
-    order = torch.argsort(rows.lengths, descending=True, stable=True)
-    out: list[Rows] = []
-    current: list[int] = []
-    for i in order.tolist():
-        longest = int(rows.lengths[current[0]]) if current else int(rows.lengths[i])
-        if current and (len(current) + 1) * longest > max_tokens:
-            out.append(rows.select(torch.tensor(current)))
-            current = []
-        current.append(i)
-    if current:
-        out.append(rows.select(torch.tensor(current)))
-    return out
 
 
 def loss_settings(cfg: TrainerConfig) -> LossSettings:
@@ -282,19 +210,12 @@ class TrainEngine:
             group["lr"] = lr
         settings = replace(self.settings, entropy_coef=self.entropy_coef_at(step))
         if not len(rows):  # a rank without rows still joins the gradient all-reduce, with zeros
-            rows = Rows(
-                torch.full((1, 2), self.pad_id), torch.tensor([2]), *(torch.zeros(1, 1) for _ in range(3))
-            )
+            rows = Rows.filler(self.pad_id)
         parts = micro_batches(rows, self.cfg.micro_batch_tokens)
         if self.sharded:  # every pass all-gathers: every rank must run as many
             count = torch.tensor([len(parts)])
             torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
-            parts += [
-                Rows(
-                    torch.full((1, 2), self.pad_id), torch.tensor([2]), *(torch.zeros(1, 1) for _ in range(3))
-                )
-                for _ in range(int(count) - len(parts))
-            ]
+            parts += [Rows.filler(self.pad_id) for _ in range(int(count) - len(parts))]
         keeps: list[torch.Tensor | None] = [None] * len(parts)
         m2po: dict[str, float] = {}
         sums = dict.fromkeys(STAT_KEYS, 0.0)

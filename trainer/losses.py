@@ -26,9 +26,9 @@ Regularisers: a KL to a frozen reference, by one of Schulman's estimators k1, k2
 (`kl_estimate`, which says what gradient each gives), in the loss or subtracted from the
 advantages; an entropy bonus.
 
-`aggregate` averages per-token losses: token-mean, seq-mean-token-mean, seq-mean-token-sum, or
-Dr. GRPO's constant normaliser. The denominators can be passed in, so micro-batches and
-data-parallel ranks each add their share of one batch-wide value.
+`aggregate` (trainer/aggregation.py) averages per-token losses: token-mean, seq-mean-token-mean,
+seq-mean-token-sum, or Dr. GRPO's constant normaliser. The denominators can be passed in, so
+micro-batches and data-parallel ranks each add their share of one batch-wide value.
 """
 
 from __future__ import annotations
@@ -40,14 +40,11 @@ from typing import Literal
 import torch
 
 from astraflow.sampling import SamplingSettings, entropy_of, sampling_logprobs
+from trainer.aggregation import aggregate
 
 PolicyLoss = Literal["ppo", "gspo", "cispo", "m2po"]
-Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant"]
 KLEstimator = Literal["k1", "k2", "k3"]
 KLIn = Literal["loss", "reward"]
-#: Older names of aggregation modes, still accepted.
-AGGREGATION_ALIASES = {"token": "token-mean", "sequence": "seq-mean-token-mean"}
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "constant")
 
 
 @dataclass(frozen=True)
@@ -261,47 +258,6 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimate exp(r) - r - 1, r = ref - logp: its value estimates KL(pi || ref), but
     its gradient as a loss is that of KL(ref || pi) (see `kl_estimate`)."""
     return kl_estimate(logp, ref_logp, "k3")
-
-
-def aggregate(
-    per_token: torch.Tensor,
-    mask: torch.Tensor,
-    mode: str,
-    *,
-    num_tokens: float | None = None,
-    num_seqs: float | None = None,
-    norm_length: float | None = None,
-) -> torch.Tensor:
-    """Average `per_token` over the loss tokens (`mask`):
-
-    - `token-mean` (alias `token`): sum / loss tokens;
-    - `seq-mean-token-mean` (alias `sequence`): mean over sequences of each sequence's token mean;
-    - `seq-mean-token-sum`: mean over sequences of each sequence's token sum;
-    - `constant`: Dr. GRPO's sum / (sequences x `norm_length`), a normaliser that depends on
-      neither the lengths nor the number of loss tokens, so no sequence's tokens weigh more for
-      being short.
-
-    `num_tokens` / `num_seqs` override the denominators (the batch-wide counts, when this call
-    sees only a micro-batch); sequences without loss tokens count for nothing."""
-    mode = AGGREGATION_ALIASES.get(mode, mode)
-    mask = mask.to(per_token.dtype)
-    total = torch.where(mask > 0, per_token, torch.zeros_like(per_token))  # junk off the mask: 0, not 0*inf
-    seqs = float((mask.sum(-1) > 0).sum().item()) if num_seqs is None else num_seqs
-    if mode == "token-mean":
-        denom = float(mask.sum().item()) if num_tokens is None else num_tokens
-        return total.sum() / max(denom, 1.0)
-    if mode == "seq-mean-token-mean":
-        return (total.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / max(seqs, 1.0)
-    if mode == "seq-mean-token-sum":
-        return total.sum() / max(seqs, 1.0)
-    if mode == "constant":
-        if norm_length is None:
-            raise ValueError("aggregation 'constant' needs norm_length")
-        return total.sum() / (max(seqs, 1.0) * norm_length)
-    raise ValueError(
-        f"unknown aggregation {mode!r}; known: {', '.join(AGGREGATIONS)} "
-        f"(aliases: {', '.join(AGGREGATION_ALIASES)})"
-    )
 
 
 def _surrogate(

@@ -7,7 +7,7 @@ Read top to bottom, one iteration of `run()`:
   3. take a batch of complete groups (stale samples dropped and counted), train one step;
   4. every `publish_every` steps: write the new version into the weight store, checkpoint it if a
      checkpoint is due (every `checkpoint_every` steps; default: at every publication), and announce
-     the WeightVersion event, in the background while the next step trains.
+     the WeightVersion event, in the background while the next step trains (trainer/publication.py).
 
 A version number is never given to two different weights. A trainer resumed from a checkpoint
 older than the newest stored version (it crashed after publishing, before its next checkpoint)
@@ -36,12 +36,10 @@ Metrics (component `trainer`, one Metric per step; sums over the batch unless no
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 import signal
-import socket
 import time
 from collections import Counter
 from pathlib import Path
@@ -57,16 +55,16 @@ from astraflow.errors import AstraFlowError
 from astraflow.kafka import Publisher, wait_for_topics
 from astraflow.metrics import MetricsReporter
 from astraflow.models import init_checkpoint, load_model, load_tokenizer
-from astraflow.records import WeightVersion
 from astraflow.sampling import SamplingSettings
 from astraflow.weights import WeightStore
-from astraflow.weights.auth import sign
 from trainer import checkpoint as ckpt
 from trainer import distributed
 from trainer.background import BackgroundJob
 from trainer.batching import Batch, GroupBuffer
-from trainer.engine import TrainEngine, collate
+from trainer.engine import TrainEngine
 from trainer.intake import PARTITION_CHECK_S, SampleIntake
+from trainer.publication import Publication
+from trainer.rows import collate
 
 log = logging.getLogger(__name__)
 #: Lags 0..15 get their own histogram bucket; larger ones share `staleness.lag.ge16`.
@@ -89,7 +87,7 @@ def pick_device(name: str, local_rank: int) -> torch.device:
     return torch.device(name)
 
 
-class Trainer:
+class Trainer(Publication):
     """One policy's trainer process (one rank of it under torchrun)."""
 
     def __init__(
@@ -357,81 +355,6 @@ class Trainer:
             values[f"staleness.lag.ge{top + 1}"] = float(sum(n for k, n in lags.items() if k > top))
         values.pop("step_s", None)
         self.metrics.report(values, step=self.step, force=False)
-
-    # ------------------------------------------------------------------ publication and checkpoints
-
-    def _publish(self, checkpoint: bool) -> None:
-        """Make the step's weights version `version + 1`: copy weights and buffer state (and the
-        optimiser's, for a checkpoint) now, then write the version, announce it and write the
-        checkpoint in the background while the next step trains."""
-        self.version += 1
-        snap, version = self._snapshot(self.version, optimizer=checkpoint), self.version
-        self.publications.submit(lambda: self._write_version(snap, version, checkpoint))
-
-    def _write_version(self, snap: ckpt.Snapshot, version: int, checkpoint: bool) -> None:
-        """Store the version, then checkpoint it when due (before announcing: a version checkpointed
-        with its publication is never lost), then announce it."""
-        event = self.store.publish(snap.model_state, version, step=snap.step)
-        failpoints.hit(failpoints.TRAINER_ENV, "mid_publication", snap.step, self.home)
-        if checkpoint:
-            self._write_checkpoint(snap)
-        self.publisher.send("weights", sign(self._progress(event, snap)), key=self.policy)
-        self.publisher.flush()
-        log.info("%s: published version %d at step %d", self.policy, version, snap.step)
-
-    def _announce(self) -> None:
-        self.publications.join()  # the store must hold the current version before it is announced again
-        self.publisher.send("weights", sign(self._progress(self.store.event(self.version))), key=self.policy)
-        self.publisher.flush()
-
-    def _progress(self, event: WeightVersion, snap: ckpt.Snapshot | None = None) -> WeightVersion:
-        """The event with how many groups this trainer has consumed (the feeder's admission control)."""
-        counts = snap.state["buffer"]["counts"] if snap is not None else self.buffer.counts
-        return dataclasses.replace(event, groups_consumed=counts.get("groups.trained", 0))
-
-    def _snapshot(self, version: int, optimizer: bool = True) -> ckpt.Snapshot:
-        """The state to publish (`optimizer=False`: the weights and the buffer's counts, which the
-        announcement carries) or to checkpoint (everything: the buffer's offsets and its list of
-        trained groups too, which grows with the run; copying it at every step cost 3% of the
-        trainer's CPU by step 400)."""
-        buffer = self.buffer.state() if optimizer else {"counts": dict(self.buffer.counts)}
-        state: dict[str, Any] = {
-            "policy": self.policy,
-            "version": version,
-            "batches": self.batches,
-            "time": time.time(),
-            "host": socket.gethostname(),
-            "topic": self.topic,
-            "buffer": buffer,
-        }
-        model_state, optimizer_state = self.engine.full_state()
-        return ckpt.snapshot(self.step, model_state, optimizer_state if optimizer else None, state)
-
-    def _gather_for_leader(self) -> None:
-        """Other ranks under FSDP: take part in gathering the full state the leader checkpoints."""
-        if self.engine.sharded:
-            self.engine.full_state()
-        self.last_checkpoint = self.step
-
-    def _checkpoint(self) -> None:
-        """A checkpoint of the current version, written now (between publications and at the end)."""
-        self.publications.join()
-        self._write_checkpoint(self._snapshot(self.version))
-
-    def _write_checkpoint(self, snap: ckpt.Snapshot) -> None:
-        self.publisher.flush()  # the dead letters of offsets this checkpoint records are acknowledged
-        ckpt.save_checkpoint(
-            self.home / "checkpoints",
-            snap,
-            self.engine.model,
-            self.tokenizer,
-            keep=self.cfg.keep_checkpoints,
-            before_rename=lambda: failpoints.hit(
-                failpoints.TRAINER_ENV, "mid_checkpoint", snap.step, self.home
-            ),
-        )
-        self.last_checkpoint = snap.step
-        self.intake.uncommitted = snap.state["buffer"]["offsets"]  # the trainer's thread commits them
 
     def _truncate_ledger(self) -> None:
         """Drop ledger lines of batches the checkpoint does not contain (lost in a crash)."""

@@ -14,7 +14,7 @@ from astraflow.config import ModelSpec
 
 if TYPE_CHECKING:
     from trainer.distributed import Dist
-    from trainer.engine import Rows
+    from trainer.rows import Rows
 
 TINY = ModelSpec(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
 
@@ -90,7 +90,7 @@ def exchanged_batch(dist: Dist, step: int) -> tuple[Rows, float, float]:
     trainer does; this rank's rows and the global token and sequence counts."""
     from tests.trainer.synth import make_group
     from trainer import distributed
-    from trainer.engine import collate
+    from trainer.rows import collate
 
     rows = totals = None
     if dist.leader:

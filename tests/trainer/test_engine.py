@@ -14,8 +14,9 @@ import torch
 from astraflow.config.trainer import LossConfig, TrainerConfig
 from tests.trainer.helpers import tiny_model
 from tests.trainer.synth import make_group
-from trainer.engine import TrainEngine, _logits, collate, micro_batches
+from trainer.engine import TrainEngine
 from trainer.losses import token_logprobs
+from trainer.rows import _logits, collate, micro_batches
 
 CPU = torch.device("cpu")
 

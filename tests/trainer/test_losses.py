@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from astraflow.sampling import SamplingSettings
+from trainer.aggregation import aggregate
 from trainer.losses import (
     LossSettings,
-    aggregate,
     cispo_loss,
     clipped_pg_loss,
     gspo_loss,

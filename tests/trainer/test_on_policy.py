@@ -14,7 +14,8 @@ from astraflow.config import ModelSpec
 from astraflow.config.trainer import TrainerConfig
 from astraflow.models import init_checkpoint, load_model
 from astraflow.sampling import SamplingSettings
-from trainer.engine import Rows, TrainEngine
+from trainer.engine import TrainEngine
+from trainer.rows import Rows
 from workers.engines.base import GenResult, SamplingParams
 from workers.engines.torch_engine import TorchEngine
 
