@@ -43,7 +43,7 @@ from workers.engines.torch_engine import TorchEngine
 from workers.envs.base import Codec, load_tokenizer
 from workers.episodes import Runtime, run_episode
 from workers.feeder import generated_tasks
-from workers.worker import sampler_seed
+from workers.startup import sampler_seed
 
 REPO = Path(__file__).resolve().parent.parent
 

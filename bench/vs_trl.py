@@ -2,7 +2,8 @@
 
 The task is `recipes/arithmetic.yaml` with `feeder.env_args: {max_operand: 9, require_eos: true}`:
 the 100 sums 0..9 + 0..9, reward 1 when the completion's token ids are exactly the answer then
-<eos> (workers/envs/arithmetic.py; TRL's reward function calls that environment's `correct`).
+<eos> (workers/envs/arithmetic.py; TRL's reward function calls that environment's `correct`; the
+task, its reward and the greedy evaluation both halves share are in bench/sums.py).
 Both runs start from one init checkpoint (astraflow.models.init_checkpoint of the recipe's model;
 `astraflow run` gets it as `model.path`, TRL loads it with `from_pretrained`) and use lr 1e-4 (`--lr`), a
 constant schedule, AdamW (0.9, 0.999, 1e-8), grad norm 1, 8 groups x 8 completions a step,
@@ -38,56 +39,14 @@ from typing import Any
 
 import yaml
 
+from bench.sums import ENV_ARGS, greedy_accuracy, max_completion_tokens, score, task_pool
+
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = REPO / "recipes" / "arithmetic.yaml"
 POLICY = "solver"
-ENV_ARGS: dict[str, Any] = {"max_operand": 9, "require_eos": True}
 GROUPS, GROUP_SIZE, LR = 8, 8, 1.0e-4  # LR: the default of --lr
 CLIP_LOW, CLIP_HIGH = 0.2, 0.28
 DEFAULT_TRL_PYTHON = Path("/root/.cache/astraflow/venv-trl/bin/python")
-
-
-# ---------------------------------------------------------------- the task, shared by both halves
-
-
-def task_pool() -> list[tuple[str, str]]:
-    """(prompt, answer) of every problem, from the environment's own generator (one epoch)."""
-    from workers.envs.arithmetic import ArithmeticEnv
-
-    pool = []
-    for spec, epoch in ArithmeticEnv(**ENV_ARGS).tasks(0):
-        if epoch:
-            break
-        assert spec.prompt is not None
-        pool.append((spec.prompt, str(spec.payload["answer"])))
-    return sorted(pool)
-
-
-def max_completion_tokens(codec: Any) -> int:
-    """The longest completion the environment allows on any prompt (answer digits, then <eos>)."""
-    from workers.envs.arithmetic import ArithmeticEnv
-
-    env = ArithmeticEnv(**ENV_ARGS)
-    return max(env.turn_params({"answer": a}, codec)["max_tokens"] for _, a in task_pool())
-
-
-def score(completion_ids: list[list[int]], answers: list[str], codec: Any) -> list[float]:
-    """Rewards exactly as the environment gives them: 1.0 iff the ids are the answer then <eos>."""
-    from workers.envs.arithmetic import ArithmeticEnv
-
-    env = ArithmeticEnv(**ENV_ARGS)
-    return [
-        1.0 if env.correct({"answer": a}, list(ids), codec) else 0.0
-        for ids, a in zip(completion_ids, answers, strict=True)
-    ]
-
-
-def tenths(rewards: list[float]) -> tuple[float, float]:
-    """Mean reward of the first and of the last tenth of the steps (at least one step each)."""
-    if not rewards:
-        return float("nan"), float("nan")
-    k = max(1, len(rewards) // 10)
-    return sum(rewards[:k]) / k, sum(rewards[-k:]) / k
 
 
 # ---------------------------------------------------------------- astraflow half
@@ -310,37 +269,15 @@ def run_trl(python: Path, init: Path, steps: int, seed: int, lr: float, work: Pa
     return {"total_s": total, **json.loads(result_file.read_text())}
 
 
-# ---------------------------------------------------------------- evaluation and report
+# ---------------------------------------------------------------- report (evaluation: bench/sums.py)
 
 
-def greedy_accuracy(path: str | Path) -> float:
-    """Share of the 100 prompts answered exactly (then <eos>) by greedy decoding, with the
-    environment's own token budget and stop token, from `AutoModelForCausalLM.from_pretrained`."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from workers.envs.arithmetic import ArithmeticEnv
-    from workers.envs.base import Codec, load_tokenizer
-
-    codec = Codec(load_tokenizer(path))
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    env = ArithmeticEnv(**ENV_ARGS)
-    pool = task_pool()
-    prompts = [[codec.bos, *codec.ids(p)] for p, _ in pool]
-    if len({len(p) for p in prompts}) != 1:
-        raise ValueError("greedy_accuracy batches prompts of one length (single-digit operands)")
-    ids = torch.tensor(prompts)
-    with torch.no_grad():
-        for _ in range(max_completion_tokens(codec)):
-            ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    correct = 0
-    for row, (_, answer) in zip(ids.tolist(), pool, strict=True):
-        state = {"answer": answer}
-        gen = row[len(prompts[0]) :][: env.turn_params(state, codec)["max_tokens"]]
-        if codec.eos in gen:
-            gen = gen[: gen.index(codec.eos) + 1]
-        correct += env.correct(state, gen, codec)
-    return correct / len(pool)
+def tenths(rewards: list[float]) -> tuple[float, float]:
+    """Mean reward of the first and of the last tenth of the steps (at least one step each)."""
+    if not rewards:
+        return float("nan"), float("nan")
+    k = max(1, len(rewards) // 10)
+    return sum(rewards[:k]) / k, sum(rewards[-k:]) / k
 
 
 def summary(r: dict[str, Any]) -> dict[str, float]:

@@ -1,7 +1,7 @@
 """Rebalance pauses of the workers' consumer group: how long a task waits when workers join or leave.
 
 Members of one consumer group on an 8-partition `tasks` topic, each a consumer with the workers'
-own settings (`workers.worker.task_consumer_overrides`), in threads of this process: they take
+own settings (`workers.startup.task_consumer_overrides`), in threads of this process: they take
 messages, store offsets after "processing" and commit on revoke, as the worker does. A producer
 writes a steady stream of time-stamped messages round-robin over the partitions. Each message is held
 `--episode` seconds before its offset is stored; a revoked partition's messages in flight are released
@@ -130,7 +130,7 @@ def run_variant(
 ) -> dict[str, Any]:
     from confluent_kafka.admin import NewTopic
 
-    from workers.worker import task_consumer_overrides
+    from workers.startup import task_consumer_overrides
 
     ns = settings.model_copy(update={"namespace": f"bench{uuid.uuid4().hex[:8]}"})
     topic = ns.topic("tasks")

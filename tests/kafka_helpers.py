@@ -1,13 +1,16 @@
-"""Helpers shared by the broker tests: read a topic back, look up or commit a group's offsets, and
-wait for a condition. The readers are astraflow.kafka's TopicReader, as in the components."""
+"""Helpers shared by the broker tests: read a topic back, look up or commit a group's offsets, wait
+for a condition, and the settings of a secured broker's principals. The readers are astraflow.kafka's
+TopicReader, as in the components."""
 
 from __future__ import annotations
 
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from astraflow.broker import launcher, secure
 from astraflow.config import KafkaSettings
 from astraflow.kafka import TopicReader, make_consumer
 from astraflow.records import decode, trajectories_of
@@ -135,3 +138,11 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
+
+
+def settings_of(state: launcher.BrokerState, kind: str, namespace: str | None = None) -> KafkaSettings:
+    """The settings of a `kind` component's principal on a secured broker (`broker start --secure`)."""
+    env = secure.credentials(Path(state.data_dir), kind).env(state.bootstrap)
+    if namespace:
+        env["ASTRAFLOW_NAMESPACE"] = namespace
+    return KafkaSettings.from_env(environ=env)

@@ -1,4 +1,5 @@
-"""bench/vs_trl.py without TRL: its recipe translation, reward, result parsing, report and CLI."""
+"""bench/vs_trl.py and its task (bench/sums.py) without TRL: its recipe translation, reward, result
+parsing, report and CLI."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import yaml
 
 from astraflow.config import load_recipe
 from astraflow.models import build_tokenizer
-from bench import vs_trl
+from bench import sums, vs_trl
 from workers.envs.base import Codec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -26,7 +27,7 @@ def codec() -> Codec:
 
 
 def test_task_pool_is_every_single_digit_sum() -> None:
-    pool = vs_trl.task_pool()
+    pool = sums.task_pool()
     assert len(pool) == 100 == len({p for p, _ in pool})
     for prompt, answer in pool:
         a, b = prompt.rstrip("=").split("+")
@@ -34,7 +35,7 @@ def test_task_pool_is_every_single_digit_sum() -> None:
 
 
 def test_completion_budget_is_two_digits_then_eos(codec: Codec) -> None:
-    assert vs_trl.max_completion_tokens(codec) == 3
+    assert sums.max_completion_tokens(codec) == 3
 
 
 def test_score_is_the_environments_reward(codec: Codec) -> None:
@@ -49,7 +50,7 @@ def test_score_is_the_environments_reward(codec: Codec) -> None:
         (codec.ids("71") + [eos], "7", 0.0),
         ([eos], "7", 0.0),
     ]
-    got = vs_trl.score([c[0] for c in cases], [c[1] for c in cases], codec)
+    got = sums.score([c[0] for c in cases], [c[1] for c in cases], codec)
     assert got == [c[2] for c in cases]
 
 
@@ -174,4 +175,4 @@ def test_greedy_accuracy_decodes_with_the_environments_budget_and_stop(
     monkeypatch.setattr(
         transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: Oracle(codec, wrong, eos)
     )
-    assert vs_trl.greedy_accuracy(tmp_path) == pytest.approx(accuracy)
+    assert sums.greedy_accuracy(tmp_path) == pytest.approx(accuracy)

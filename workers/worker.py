@@ -22,54 +22,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
-import socket
 import time
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from astraflow.config import KafkaSettings, Recipe
 from astraflow.deadletters import DeadLetters, decode_or_deadletter
-from astraflow.errors import AstraFlowError, ConfigError
+from astraflow.errors import AstraFlowError
 from astraflow.failpoints import episode_delay_s
 from astraflow.kafka import Publisher, TopicReader, wait_for_topics
 from astraflow.metrics import MetricsReporter
 from astraflow.records import Task, Trajectory
 from workers.batching import send_as_they_end, send_batches
-from workers.engines import build_engine
 from workers.engines.base import InferenceEngine
-from workers.envs.base import Codec
 from workers.episodes import Runtime, refusal, run_episode
 from workers.follower import WeightFollower
 from workers.offsets import OffsetTracker
+from workers.startup import build_engines, default_worker_id, task_consumer_overrides
 
 log = logging.getLogger(__name__)
 #: How often the serving loop looks for new tasks and delivery acknowledgements when idle: a task
 #: waits at most this long after it is admitted (20 ms before: a tenth of a tiny recipe's step).
 POLL_TICK_S = 0.005
-
-
-def default_worker_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
-def task_consumer_overrides(worker_id: str) -> dict[str, Any]:
-    """The consumer of `tasks`: cooperative-sticky, so a worker that joins or leaves moves only the
-    partitions that change hands (an eager protocol would revoke every partition of every worker and
-    cancel their tasks); no static membership (`group.instance.id`), whose members leave without
-    telling the group, which stalls their partitions for a session timeout on every scale-down.
-    bench/workers_elastic.py measures the pauses of these choices side by side."""
-    return {"partition.assignment.strategy": "cooperative-sticky", "client.id": worker_id}
-
-
-def sampler_seed(worker_id: str, policy: str) -> int:
-    """The seed of one policy's sampler in one worker: stable across processes (not Python's salted
-    `hash`) and different for each policy, so two policies of a worker never draw with the same
-    random numbers unless a workflow asks for it (SamplingParams.seed)."""
-    return zlib.crc32(f"{worker_id}/{policy}".encode()) % 1_000_000
 
 
 class Worker:
@@ -120,22 +96,9 @@ class Worker:
     # ------------------------------------------------------------------ setup
 
     def _build(self) -> None:
-        from astraflow.models import init_checkpoint
-        from workers.envs.base import load_tokenizer
-
-        paths = {
-            p: init_checkpoint(self.recipe.model_for(p), self.run_dir / "init" / p) for p in self.policies
-        }
-        tokenizers = {p: load_tokenizer(path) for p, path in paths.items()}
-        vocabs = {tuple(sorted(t.get_vocab().items())) for t in tokenizers.values()}
-        if len(vocabs) > 1:
-            raise ConfigError("every policy of one worker must share one tokenizer (token-in, token-out)")
-        self.codec = Codec(next(iter(tokenizers.values())))
+        self.codec, engines = build_engines(self.recipe, self.policies, self.run_dir, self.worker_id)
         self.runtime = Runtime(self.recipe, self.codec)
-        for p, path in paths.items():
-            self.engines[p] = build_engine(
-                self.cfg.engine, p, str(path), seed=sampler_seed(self.worker_id, p), version=0
-            )
+        self.engines.update(engines)
 
     async def run(self) -> None:
         """Serve tasks until SIGTERM/SIGINT (or `stop()`)."""

@@ -1,4 +1,5 @@
-"""hypothesis strategies that build valid wire records (shared by the property and fuzz tests)."""
+"""hypothesis strategies that build valid wire records (shared by the property and fuzz tests), and
+hand-made valid records: a trajectory with fields to override, and one record of every type to mutate."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from astraflow.records import (
     FINISH_REASONS,
     DeadLetter,
     Metric,
+    Record,
     Sample,
     SampleBatch,
     Task,
@@ -18,6 +20,8 @@ from astraflow.records import (
     TrajectoryBatch,
     WeightVersion,
     encode,
+    group_id,
+    traj_id,
 )
 
 names = st.from_regex(r"[A-Za-z][A-Za-z0-9_\-]{0,15}", fullmatch=True)
@@ -204,3 +208,73 @@ ALL = {
     "Metric": metrics(),
     "DeadLetter": dead_letters(),
 }
+
+
+def make_traj(**over: object) -> Trajectory:
+    base: dict = dict(
+        traj_id=traj_id("t1", 0, 0),
+        group_id=group_id("t1", 0),
+        task_id="t1",
+        env="arithmetic",
+        policies=["solver"],
+        tokens=[5, 6, 7, 8],
+        owner=[-1, -1, 0, 0],
+        logprobs=[0.0, 0.0, -0.5, -1.5],
+        versions=[-1, -1, 3, 4],
+        rewards={"solver": 1.0},
+        group_size=4,
+        sample_index=0,
+        created_at=1.7e9,
+    )
+    base.update(over)
+    return Trajectory(**base)  # type: ignore[arg-type]
+
+
+def seed_records() -> list[Record]:
+    """One valid record of every type, to mutate."""
+    return [
+        make_traj(),
+        make_traj(
+            policies=["a", "b"],
+            owner=[-1, 0, 1, 1],
+            versions=[-1, 2, 3, 4],
+            rewards={"a": 0.5, "b": -1.0},
+            error="boom",
+        ),
+        Task(task_id="t1", env="arithmetic", roles={"agent": "solver"}, prompt="3+4=", payload={"answer": 7}),
+        Sample(
+            policy="solver",
+            traj_id="t#0#1",
+            group_id="t#0",
+            task_id="t",
+            env="e",
+            tokens=[1, 2, 3],
+            loss_mask=[0, 1, 1],
+            logprobs=[0, -1, -2],
+            versions=[-1, 2, 2],
+            advantages=[0, 0.5, 0.5],
+        ),
+        WeightVersion(
+            policy="solver",
+            version=5,
+            snapshot_version=4,
+            snapshot_uri="file:///w/4",
+            snapshot_sha256="a" * 64,
+            delta_uri="file:///w/5.delta",
+            delta_base=4,
+            delta_sha256="b" * 64,
+            delta_bytes=100,
+            changed_fraction=0.01,
+        ),
+        TaskStats(task_id="t1", env="arithmetic", groups=3, samples=24, mean_reward=0.5, success_rate=0.5),
+        Metric(component="worker", id="w1", values={"tokens_per_s": 100.0}),
+        DeadLetter(
+            source_topic="trajectories",
+            partition=1,
+            offset=7,
+            error="bad",
+            component="streams",
+            raw=b"\x00\x01",
+            key=b"k",
+        ),
+    ]

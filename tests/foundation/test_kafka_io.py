@@ -14,7 +14,7 @@ from astraflow.deadletters import DeadLetters, decode_or_deadletter
 from astraflow.kafka import DeliveryError, KafkaReadError, Publisher, TopicReader, read_to_end
 from astraflow.records import DeadLetter, Trajectory, decode, encode
 from astraflow.records.fields import MAX_KEY_BYTES
-from tests.foundation.test_records import make_traj, seed_records
+from tests.foundation.strategies import make_traj, seed_records
 from tests.kafka_helpers import read_messages
 
 pytestmark = pytest.mark.broker

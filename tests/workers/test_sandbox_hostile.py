@@ -1,4 +1,5 @@
-"""The hostile corpus (`sandbox_hostile.py`) against the code sandbox: 0 forged rewards, 0 escapes.
+"""The hostile corpus (`sandbox_hostile.py`, `sandbox_escapes.py`) against the code sandbox: 0 forged
+rewards, 0 escapes.
 
 Each program must score 0 with a reason, the worker-side `run_tests` must then still give an honest
 program full marks, and nothing may show outside: the outside directory holds exactly what the
@@ -26,13 +27,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.workers.sandbox_hostile import CORPUS, Hostile
+from tests.workers.sandbox_escapes import ESCAPES
+from tests.workers.sandbox_hostile import FORGERIES, Hostile
 from workers.envs.sandbox import Limits, SandboxResult, run_tests
 
 TESTS = [[[1], 2], [[5], 6]]
 LIMITS = Limits(cpu_s=1.0, memory_mb=256, wall_s=3.0)
 HONEST = "def f(x):\n    return x + 1\n"
 SECRET_VAR = "ASTRAFLOW_TEST_SANDBOX_SECRET"
+CORPUS = FORGERIES + ESCAPES
 
 
 @dataclass

@@ -137,12 +137,12 @@ def test_referential_shared_randomness_gives_both_turns_one_seed_per_episode(cod
 
 
 def test_one_workers_policies_sample_with_their_own_stable_seeds() -> None:
-    from workers.worker import sampler_seed
+    from workers.startup import sampler_seed
 
     assert sampler_seed("worker-0", "speaker") != sampler_seed("worker-0", "listener")
     assert sampler_seed("worker-0", "speaker") != sampler_seed("worker-1", "speaker")
     # the same in another process with another hash salt (Python's str hash is salted per process)
-    code = "from workers.worker import sampler_seed; print(sampler_seed('worker-0', 'speaker'))"
+    code = "from workers.startup import sampler_seed; print(sampler_seed('worker-0', 'speaker'))"
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

@@ -7,7 +7,7 @@ next decode step: it is prefilled on its own and its KV cache merged into the wa
 left-padded to one length), so an episode never waits for a wave to end. Every token records the
 log-prob of the distribution it was drawn from (temperature, top-p and top-k applied:
 `astraflow/sampling.py`, the function the trainer uses too). CPU or CUDA, float32 or bfloat16
-(log-probs are computed in float32).
+(log-probs are computed in float32). The requests and a wave's rows: workers/engines/waves.py.
 
 Versions under in-flight updates: between two decode steps the engine applies pending weight
 updates, but it keeps the wave's KV cache, which earlier weights computed. A token is therefore
@@ -27,7 +27,6 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,47 +35,13 @@ from astraflow.errors import AstraFlowError
 from astraflow.sampling import sampling_logprobs
 from workers.engines.base import GenResult, SamplingParams
 from workers.engines.sampling import sample, sample_seeded, seeded_noise
+from workers.engines.waves import Request, Rows, hand_back, resolve
 
 log = logging.getLogger(__name__)
 
 
 class WeightLoadError(AstraFlowError):
     """A weight update does not fit the engine's model (names or shapes)."""
-
-
-@dataclass
-class _Request:
-    prompt: list[int]
-    params: SamplingParams
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[GenResult]
-    result: GenResult = field(default_factory=GenResult)
-    cancelled: bool = False
-
-
-def _resolve(fut: asyncio.Future[Any], value: Any = None, exc: BaseException | None = None) -> None:
-    if fut.done():
-        return
-    if exc is not None:
-        fut.set_exception(exc)
-    else:
-        fut.set_result(value)
-
-
-def _resolve_all(done: list[tuple[asyncio.Future[Any], Any]]) -> None:
-    for fut, value in done:
-        _resolve(fut, value)
-
-
-def _hand_back(finished: list[_Request]) -> None:
-    """Resolve the futures of `finished` with their results, one wake-up of each event loop for all
-    of them: a wake-up per request (a write to the loop's self-pipe, then a pass of the loop) was
-    ~6% of a worker's CPU at 64 requests a step."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any]]] = {}
-    for r in finished:
-        by_loop.setdefault(r.loop, []).append((r.future, r.result))
-    for loop, done in by_loop.items():
-        loop.call_soon_threadsafe(_resolve_all, done)
 
 
 class TorchEngine:
@@ -114,7 +79,7 @@ class TorchEngine:
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
         self._version = version
-        self._pending: deque[_Request] = deque()
+        self._pending: deque[Request] = deque()
         self._updates: deque[
             tuple[Mapping[str, torch.Tensor], int, Callable[[BaseException | None], None]]
         ] = deque()
@@ -137,7 +102,7 @@ class TorchEngine:
         if not prompt:
             raise ValueError("a generation request needs at least one prompt token")
         loop = asyncio.get_running_loop()
-        req = _Request([int(t) for t in prompt], params, loop, loop.create_future())
+        req = Request([int(t) for t in prompt], params, loop, loop.create_future())
         with self._cv:
             if self._closed:
                 raise AstraFlowError(f"engine of {self.policy} is closed")
@@ -156,7 +121,7 @@ class TorchEngine:
         fut: asyncio.Future[None] = loop.create_future()
 
         def done(exc: BaseException | None) -> None:
-            loop.call_soon_threadsafe(_resolve, fut, None, exc)
+            loop.call_soon_threadsafe(resolve, fut, None, exc)
 
         self.queue_update(state, version, done)
         await fut
@@ -192,7 +157,7 @@ class TorchEngine:
                 # a wave of one.
                 if self._pending and self.batch_wait_s > 0 and len(self._pending) < self.max_batch:
                     self._cv.wait(self.batch_wait_s)
-                batch: list[_Request] = []
+                batch: list[Request] = []
                 while self._pending and len(batch) < self.max_batch:
                     req = self._pending.popleft()
                     if not req.cancelled:
@@ -204,13 +169,13 @@ class TorchEngine:
                 except Exception as exc:  # a bug or an OOM fails this wave's requests, not the worker
                     log.exception("engine %s: wave of %d requests failed", self.policy, len(batch))
                     for req in batch:
-                        req.loop.call_soon_threadsafe(_resolve, req.future, None, exc)
+                        req.loop.call_soon_threadsafe(resolve, req.future, None, exc)
         with self._cv:
             leftover = list(self._pending)
             self._pending.clear()
         for req in leftover:
             req.result.finish_reason = "aborted"
-        _hand_back(leftover)
+        hand_back(leftover)
 
     def _apply_updates(self) -> None:
         while True:
@@ -255,9 +220,9 @@ class TorchEngine:
         )
         return out.logits[:, -1, :]
 
-    def _take_pending(self, room: int) -> list[_Request]:
+    def _take_pending(self, room: int) -> list[Request]:
         """Requests waiting for the engine, at most `room` of them (in-flight joining)."""
-        out: list[_Request] = []
+        out: list[Request] = []
         if room <= 0 or not self._pending:
             return out
         with self._cv:
@@ -267,13 +232,13 @@ class TorchEngine:
                     out.append(req)
         return out
 
-    def _prefill(self, batch: list[_Request]) -> _Rows | None:
+    def _prefill(self, batch: list[Request]) -> Rows | None:
         """Prefill `batch` (left-padded) into a fresh KV cache; None if no request has room left."""
         from transformers import DynamicCache
 
-        rows: list[_Request] = []
+        rows: list[Request] = []
         budget: list[int] = []
-        full: list[_Request] = []
+        full: list[Request] = []
         for req in batch:
             room = min(req.params.max_tokens, self.max_positions - len(req.prompt))
             if room <= 0:  # the context is already full: nothing can be generated
@@ -281,7 +246,7 @@ class TorchEngine:
                 continue
             rows.append(req)
             budget.append(room)
-        _hand_back(full)
+        hand_back(full)
         if not rows:
             return None
         dev = self.device
@@ -295,7 +260,7 @@ class TorchEngine:
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         logits = self._forward(ids, mask, pos, cache)
-        return _Rows(
+        return Rows(
             rows,
             budget,
             [self._version] * len(rows),
@@ -309,7 +274,7 @@ class TorchEngine:
         )
 
     @torch.inference_mode()
-    def _wave(self, batch: list[_Request]) -> None:
+    def _wave(self, batch: list[Request]) -> None:
         """Decode `batch` together until every row has finished. Requests that arrive meanwhile
         join at the next decode step (prefilled on their own, their KV cache merged in), so an
         episode never waits for a whole wave to end."""
@@ -324,7 +289,7 @@ class TorchEngine:
                     tok_list[i], lp_list[i] = sample_seeded(logp[i], noise)
                     tokens[i] = tok_list[i]
             keep: list[int] = []
-            finished: list[_Request] = []
+            finished: list[Request] = []
             for i, r in enumerate(wave.rows):
                 res = r.result
                 res.tokens.append(tok_list[i])
@@ -340,7 +305,7 @@ class TorchEngine:
                     keep.append(i)
                     continue
                 finished.append(r)
-            _hand_back(finished)
+            hand_back(finished)
             self.tokens_generated += len(wave.rows)
             if not keep:
                 return  # the run loop starts the next wave with whatever is pending
@@ -357,59 +322,3 @@ class TorchEngine:
             joining = self._prefill(self._take_pending(self.max_batch - len(wave.rows)))
             if joining is not None:
                 wave.extend(joining)
-
-
-@dataclass
-class _Rows:
-    """The requests decoding together; row i of every tensor belongs to rows[i]."""
-
-    rows: list[_Request]
-    budget: list[int]
-    oldest: list[int]  # the oldest weight version in each row's KV cache
-    cache: Any  # transformers DynamicCache over `mask`'s positions
-    mask: torch.Tensor  # [B, L] attention mask of the cache (0: left padding)
-    last_pos: torch.Tensor  # [B] position id of each row's last token
-    logits: torch.Tensor  # [B, V] next-token logits
-    temps: torch.Tensor
-    tops: torch.Tensor
-    topks: torch.Tensor
-
-    def select(self, keep: list[int]) -> None:
-        idx = torch.tensor(keep, device=self.mask.device)
-        self.cache.batch_select_indices(idx)
-        self.rows = [self.rows[i] for i in keep]
-        self.budget = [self.budget[i] for i in keep]
-        self.oldest = [self.oldest[i] for i in keep]
-        self.mask, self.last_pos, self.logits, self.temps, self.tops, self.topks = (
-            t[idx] for t in (self.mask, self.last_pos, self.logits, self.temps, self.tops, self.topks)
-        )
-
-    def extend(self, other: _Rows) -> None:
-        """Append `other`'s rows: both caches are left-padded to one length and concatenated
-        (padding is masked, and positions are per row, so no row sees another's change)."""
-        length = max(self.mask.shape[1], other.mask.shape[1])
-
-        def pad(t: torch.Tensor, dim_from_end: int) -> torch.Tensor:
-            missing = length - t.shape[-dim_from_end]
-            if missing == 0:
-                return t
-            spec = [0, 0] * (dim_from_end - 1) + [missing, 0]
-            return torch.nn.functional.pad(t, spec)
-
-        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
-            mine.keys = torch.cat([pad(mine.keys, 2), pad(theirs.keys, 2)])
-            mine.values = torch.cat([pad(mine.values, 2), pad(theirs.values, 2)])
-        self.mask = torch.cat([pad(self.mask, 1), pad(other.mask, 1)])
-        self.rows += other.rows
-        self.budget += other.budget
-        self.oldest += other.oldest
-        self.last_pos, self.logits, self.temps, self.tops, self.topks = (
-            torch.cat([a, b])
-            for a, b in (
-                (self.last_pos, other.last_pos),
-                (self.logits, other.logits),
-                (self.temps, other.temps),
-                (self.tops, other.tops),
-                (self.topks, other.topks),
-            )
-        )
