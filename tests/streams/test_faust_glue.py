@@ -6,9 +6,10 @@ import logging
 
 import faust
 import pytest
+from faust.exceptions import NotReady
 
 from astraflow.errors import ConfigError
-from streams.faust_glue import QuietWorker, check_versions
+from streams.faust_glue import QuietWorker, check_versions, is_stop_race
 
 
 @pytest.fixture
@@ -91,3 +92,37 @@ def test_the_installed_faust_and_aiokafka_are_ones_the_overrides_were_checked_ag
 def test_another_release_is_refused_by_name(installed, named):
     with pytest.raises(ConfigError, match=named):
         check_versions(installed)
+
+
+def _worker_that_crashed(stopping: bool, reason: BaseException) -> QuietWorker:
+    app = faust.App("test-faust-glue-stop", broker="kafka://127.0.0.1:1")
+    worker = QuietWorker(app, loglevel="warn", quiet=True)
+    if stopping:
+        worker._stopped.set()  # what mode's stop() sets first
+    worker._crash(reason)
+    return worker
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [NotReady("Producer service not yet started"), RuntimeError("Cannot flush: Producer not Running")],
+)
+def test_the_producer_stopping_under_a_sending_buffer_is_no_crash_of_a_stop(reason):
+    import asyncio
+
+    worker = _worker_that_crashed(True, reason)
+    asyncio.run(worker._sentinel_task())
+    assert worker.crash_reason is None  # the worker exits 0: the stop's own race
+
+
+@pytest.mark.parametrize(
+    ("stopping", "reason"),
+    [(False, NotReady("not started")), (True, RuntimeError("boom")), (True, KeyError("x"))],
+)
+def test_a_real_crash_still_fails_the_worker(stopping, reason):
+    import asyncio
+
+    worker = _worker_that_crashed(stopping, reason)
+    asyncio.run(worker._sentinel_task())
+    assert worker.crash_reason is reason
+    assert is_stop_race(reason) == (isinstance(reason, NotReady))

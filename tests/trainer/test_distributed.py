@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import REPO, subprocess_env
-from tests.trainer.helpers import run_check
+from tests.trainer.helpers import run_check, torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +64,7 @@ def test_the_trainer_under_torchrun_trains_like_one_process(
     rfile = tmp_path / "r.yaml"
     rfile.write_text(yaml.safe_dump(r.model_dump(mode="json")))
 
-    def torchrun(max_steps: int) -> str:
+    def train(max_steps: int) -> str:
         cmd = [
             *torchrun(2),
             "-m",
@@ -93,10 +93,10 @@ def test_the_trainer_under_torchrun_trains_like_one_process(
     if (
         parallel == "fsdp"
     ):  # stop after 2 steps and resume: the offsets and AdamW state come from the checkpoint
-        torchrun(2)
-        assert "resumed from" in torchrun(3)
+        train(2)
+        assert "resumed from" in train(3)
     else:
-        torchrun(3)
+        train(3)
     assert Trainer(r, "p", run_dir=tmp_path / "single", settings=kafka, max_steps=3).run() == 0
     ckpt = "trainer/p/checkpoints/step-00000003/model.safetensors"
     ddp, single = load_file(str(tmp_path / "ddp" / ckpt)), load_file(str(tmp_path / "single" / ckpt))
