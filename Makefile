@@ -32,5 +32,5 @@ format: install ## Format with ruff
 bench: install ## Run the benchmarks in bench/
 	@PYTHONPATH=. $(PY) -m bench.run_all
 
-chaos: install ## Long fault injection: 10 SIGKILLs per component, supervisor and 2 broker restarts (~30 min)
+chaos: install ## Long fault injection: 10 SIGKILLs per component, supervisor and 2 broker restarts (~8 min)
 	@PYTHONPATH=. nice -n 10 $(PY) -m bench.chaos
