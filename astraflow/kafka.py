@@ -5,9 +5,10 @@
   with topic, partition and offset); `read_to_end` reads a topic from the beginning in one call.
 - `partitions_of`: a topic's partitions as the cluster tells them; `wait_for_topics`: a component
   started with its run waits for the run's topics.
+- `make_consumer`: every consumer of the code base is made here (the one Kafka boundary).
 - Re-exported from astraflow/kafka_clients.py: the clients' configuration (`client_config`,
   `producer_config` for idempotent producers, `consumer_config`, `fetch_limit`, `resolve`) and
-  the functions that make them (`make_admin`, `make_producer`, `make_consumer`).
+  the functions that make the other clients (`make_admin`, `make_producer`).
 - `faust_settings` (astraflow/kafka_faust.py): the same connection settings for Faust/aiokafka.
 """
 
@@ -19,6 +20,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -30,7 +32,6 @@ from astraflow.kafka_clients import (
     consumer_config,
     fetch_limit,
     make_admin,
-    make_consumer,
     make_producer,
     producer_config,
     resolve,
@@ -244,6 +245,17 @@ def wait_for_topics(
             log.info("waiting for Kafka at %s and topic(s) %s", bootstrap, ", ".join(missing))
             next_note = now + 10.0
         time.sleep(interval_s)
+
+
+def make_consumer(settings: KafkaSettings, group: str | None = None, **overrides: Any) -> Any:
+    """A confluent Consumer with `consumer_config`; without `group`, a throw-away group that never
+    commits (for readers that assign partitions themselves)."""
+    from confluent_kafka import Consumer
+
+    if group is None:
+        group = f"reader-{uuid.uuid4().hex[:8]}"
+        overrides = {"enable.auto.commit": False, **overrides}
+    return Consumer(consumer_config(settings, group, **overrides))
 
 
 class TopicReader:

@@ -3,7 +3,8 @@
 - `resolve`: the settings with ASTRAFLOW_* applied and, by default, the local broker's address.
 - `client_config`: what every client shares (bootstrap, client id, SASL/SSL, WAN keepalive);
   `producer_config`: idempotent producers (acks=all, enable.idempotence); `consumer_config`.
-- `make_admin`, `make_producer` (connected before its first record), `make_consumer`.
+- `make_admin`, `make_producer` (connected before its first record). Consumers are made in
+  astraflow/kafka.py only (`make_consumer`), beside the reader that handles their errors.
 
 confluent_kafka is imported by the functions that make a client, never at import time. The rest
 of the code imports these from astraflow.kafka, which re-exports them beside `Publisher` and
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import uuid
 from typing import Any
 
 from astraflow.config.kafka import KafkaSettings
@@ -127,14 +127,3 @@ def make_producer(settings: KafkaSettings, **overrides: Any) -> Any:
     with contextlib.suppress(KafkaException):
         producer.list_topics(timeout=WARM_TIMEOUT_S)
     return producer
-
-
-def make_consumer(settings: KafkaSettings, group: str | None = None, **overrides: Any) -> Any:
-    """A confluent Consumer with `consumer_config`; without `group`, a throw-away group that never
-    commits (for readers that assign partitions themselves)."""
-    from confluent_kafka import Consumer
-
-    if group is None:
-        group = f"reader-{uuid.uuid4().hex[:8]}"
-        overrides = {"enable.auto.commit": False, **overrides}
-    return Consumer(consumer_config(settings, group, **overrides))
