@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from astraflow.sampling import sampling_logprobs
+from workers.engines import torch_engine
 from workers.engines.base import SamplingParams
 from workers.engines.torch_engine import TorchEngine, WeightLoadError
+from workers.engines.waves import Request, hand_back
 
 
 def teacher_forced(
@@ -46,29 +48,53 @@ def test_logprobs_match_teacher_forcing(tiny_checkpoint: Path, temperature: floa
     assert asyncio.run(main()) <= 1e-4
 
 
-def test_a_request_joins_a_running_wave(tiny_checkpoint: Path) -> None:
+def test_a_request_joins_a_running_wave(tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A request submitted while a long wave decodes is served at the next decode step, with
-    log-probs still exact for both (their KV caches are merged with different padding)."""
+    log-probs still exact for both (their KV caches are merged with different padding).
+
+    The forward passes are counted in the engine thread (when the request is first seen pending and
+    when it is handed back), not when the event loop gets to run: on a loaded machine the loop may
+    wake many decode steps after the engine resolved the future."""
+    finished_at: dict[tuple[int, ...], int] = {}
+    seen_at: list[int] = []
+
+    def record_hand_back(done: list[Request]) -> None:
+        for req in done:
+            finished_at[tuple(req.prompt)] = engine.forwards
+        hand_back(done)
+
+    monkeypatch.setattr(torch_engine, "hand_back", record_hand_back)
+    engine = TorchEngine("p", str(tiny_checkpoint), seed=4)
+    long_prompt, short_prompt = [1, 5, 6, 7, 8, 9, 10, 11], [1, 12]
+
+    take_pending = engine._take_pending
+
+    def watch(room: int) -> list[Request]:
+        taken = take_pending(room)
+        if any(tuple(r.prompt) == tuple(short_prompt) for r in taken):
+            seen_at.append(engine.forwards)
+        return taken
+
+    monkeypatch.setattr(engine, "_take_pending", watch)
 
     async def main() -> None:
-        engine = TorchEngine("p", str(tiny_checkpoint), seed=4)
-        long_prompt, short_prompt = [1, 5, 6, 7, 8, 9, 10, 11], [1, 12]
         params = SamplingParams(temperature=1.0, max_tokens=40)
         first = asyncio.create_task(engine.generate(long_prompt, params))
         while engine.forwards < 4:  # the first wave is decoding
             await asyncio.sleep(0.001)
-        joined_at = engine.forwards
         second = await engine.generate(short_prompt, SamplingParams(temperature=0.8, top_p=0.9, max_tokens=3))
-        assert not first.done(), "the second request waited for the first wave to end"
-        assert engine.forwards <= joined_at + 6  # a prefill of its own, then shared decode steps
         result = await first
+        await engine.close()
         assert len(result.tokens) == 40 and len(second.tokens) == 3
         for prompt, r, t, p in ((long_prompt, result, 1.0, 1.0), (short_prompt, second, 0.8, 0.9)):
             ref = teacher_forced(engine, prompt, r.tokens, t, p)
             assert (ref - torch.tensor(r.logprobs)).abs().max().item() <= 1e-4
-        await engine.close()
 
     asyncio.run(main())
+    short_done, long_done = finished_at[tuple(short_prompt)], finished_at[tuple(long_prompt)]
+    assert short_done < long_done, "the second request waited for the first wave to end"
+    # taken into the running wave, then a prefill of its own and two shared decode steps
+    assert seen_at and short_done <= seen_at[0] + 3, (seen_at, short_done)
 
 
 def test_stop_and_length(tiny_checkpoint: Path) -> None:
