@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import ClassVar
 
 import numpy as np
 
@@ -162,15 +162,6 @@ class StageContext:
     max_staleness: int
     seed: int = 0
     versions: VersionTracker = field(default_factory=VersionTracker)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@runtime_checkable
-class Algorithm(Protocol):
-    """A group algorithm: one call per group. Classes may also set `kind` (one of KINDS) and
-    define `setup(ctx)`."""
-
-    def __call__(self, group: Group) -> Group | list[Group] | None: ...
 
 
 class Stage:
