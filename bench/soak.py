@@ -94,11 +94,9 @@ def soak_recipe(data: dict[str, Any], dedupe_ttl: float | None, dedupe_window: i
     """The recipe `data` without a step limit, with the soak's dedupe bounds where given."""
     data = {**data, "run": {**(data.get("run") or {}), "max_steps": None}}
     if dedupe_ttl is not None:
-        stages = [dict(stage) for stage in data["streams"]["pipeline"]]
-        for stage in stages:
-            if stage["name"] == "group":
-                stage["args"] = {**(stage.get("args") or {}), "dedupe_ttl_s": dedupe_ttl}
-        data["streams"] = {**data["streams"], "pipeline": stages}
+        streams = data.get("streams") or {}
+        group = {**(streams.get("group") or {}), "dedupe_ttl_s": dedupe_ttl}
+        data["streams"] = {**streams, "group": group}
     if dedupe_window is not None:
         data["trainer"] = {**data["trainer"], "dedupe_window": dedupe_window}
     return data

@@ -42,13 +42,7 @@ from bench.machine import describe
 
 REPO = Path(__file__).resolve().parent.parent
 GROUP = 8
-PIPELINE = [
-    {"name": "validate"},
-    {"name": "group"},
-    {"name": "zero_variance"},
-    {"name": "grpo"},
-    {"name": "route"},
-]
+PIPELINE = [{"name": "zero_variance"}, {"name": "grpo"}]
 
 
 def make_records(n_groups: int, prefix: str = "bench", seed: int = 0) -> list[tuple[bytes, bytes]]:

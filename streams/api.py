@@ -25,7 +25,7 @@ import numpy as np
 
 from astraflow.records import Trajectory
 
-#: `kind` values a stage between `group` and `route` may declare (default "transform"); the pipeline
+#: `kind` values a stage of `streams.pipeline` may declare (default "transform"); the pipeline
 #: builder (streams/pipeline.py) wants exactly one "advantage" and every "filter" before it.
 KINDS = ("filter", "advantage", "observe", "reuse", "transform")
 

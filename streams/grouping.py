@@ -29,8 +29,8 @@ from typing import Any, Final, Literal, NotRequired, Protocol, TypedDict
 
 import msgpack
 
+from astraflow.config.streams import GroupConfig
 from astraflow.records import Trajectory
-from streams.api import Stage
 
 PENDING: Final = "pending"
 INTENT: Final = "intent"
@@ -110,34 +110,6 @@ class DictTable:
         return iter(list(self.data.items()))
 
 
-class GroupStage(Stage):
-    """Arguments of the `group` stage."""
-
-    kind = "group"
-
-    def __init__(
-        self,
-        *,
-        timeout_s: float = 120.0,
-        on_timeout: str = "emit",
-        min_size: int = 1,
-        dedupe_ttl_s: float = 3600.0,
-    ) -> None:
-        if timeout_s <= 0:
-            raise ValueError("timeout_s must be positive")
-        if on_timeout not in ("emit", "drop"):
-            raise ValueError(f"on_timeout must be 'emit' or 'drop', got {on_timeout!r}")
-        if min_size < 1:
-            raise ValueError("min_size must be at least 1")
-        if dedupe_ttl_s < 0:
-            raise ValueError("dedupe_ttl_s must be >= 0")
-        self.timeout_s, self.on_timeout = float(timeout_s), on_timeout
-        self.min_size, self.dedupe_ttl_s = int(min_size), float(dedupe_ttl_s)
-
-    def __call__(self, group: Any) -> Any:  # the collector does the work; see GroupCollector
-        return group
-
-
 @dataclass(frozen=True)
 class Added:
     """What `GroupCollector.add` did with one trajectory."""
@@ -150,8 +122,8 @@ class Added:
 class GroupCollector:
     """The group state machine over `groups` and `bodies` tables."""
 
-    def __init__(self, stage: GroupStage, groups: Table, bodies: Table) -> None:
-        self.stage, self.groups, self.bodies = stage, groups, bodies
+    def __init__(self, config: GroupConfig, groups: Table, bodies: Table) -> None:
+        self.config, self.groups, self.bodies = config, groups, bodies
 
     def meta(self, gid: str) -> GroupMeta | None:
         return self.groups.get(gid)
@@ -258,12 +230,12 @@ class GroupCollector:
             if meta is None or (partitions is not None and meta["p"] not in partitions):
                 continue
             if meta["state"] == DONE:
-                if now - meta["at"] >= self.stage.dedupe_ttl_s:
+                if now - meta["at"] >= self.config.dedupe_ttl_s:
                     out.append((gid, "expire"))
             elif self.ready(meta):
                 out.append((gid, "complete"))
-            elif now - meta["first"] >= self.stage.timeout_s:
-                emit = self.stage.on_timeout == "emit" and len(meta["ids"]) >= self.stage.min_size
+            elif now - meta["first"] >= self.config.timeout_s:
+                emit = self.config.on_timeout == "emit" and len(meta["ids"]) >= self.config.min_size
                 out.append((gid, "timeout_emit" if emit else "timeout_drop"))
         return out
 

@@ -23,7 +23,7 @@ since the previous report. Units: trajectories unless the name says otherwise.
     groups.emitted | groups.complete | groups.timeout_emitted | groups.timeout_dropped |
     groups.dropped | groups.recovered | groups.replayed | groups.pending
     stage.<name>.in | .out | .dropped.<reason> | .latency_ms.p50 | .latency_ms.p99
-                                      per stage, in pipeline order (validate and group included)
+                                      per stage, in order: validate, group, the pipeline, route
     latency.emit_ms.p50 | .p99        last trajectory of a group consumed -> its Samples acknowledged
     latency.e2e_ms.p50 | .p99         newest trajectory's created_at -> its Samples acknowledged
                                       (spans hosts: includes clock skew)

@@ -1,10 +1,11 @@
 """The pipeline: the recipe's list of algorithms, built, checked, and run on one group at a time.
 
-    validate -> group -> [group algorithms, in recipe order] -> route
+    validate -> group -> [streams.pipeline, in recipe order] -> route
 
 `validate` and `group` work on single records and on the group table (the Faust adapter in
-streams/app.py drives them); everything between `group` and `route` is a plain function of a
-`Group`, run here with per-stage counting. Nothing in this module touches Kafka, so the whole
+streams/app.py drives them, configured by `streams.validate` and `streams.group`); the algorithms
+of `streams.pipeline` are plain functions of a `Group`, run here with per-stage counting, and
+`route` turns what survives into Samples. Nothing in this module touches Kafka, so the whole
 chain is unit-testable with golden values.
 """
 
@@ -14,14 +15,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from astraflow.config.streams import StreamsConfig
+from astraflow.config.streams import GroupConfig, StreamsConfig
 from astraflow.errors import AstraFlowError, ConfigError
 from astraflow.records import Sample
 from streams.api import KINDS, Group, StageContext
-from streams.grouping import GroupStage
 from streams.metrics import Counters
 from streams.registry import instantiate
-from streams.route import Route, route
+from streams.route import route
 from streams.stats import TaskStatsStage
 from streams.validate import Validate
 
@@ -37,7 +37,7 @@ class StageError(AstraFlowError):
 @dataclass
 class Pipeline:
     validate: Validate
-    group: GroupStage
+    group: GroupConfig
     stages: list[tuple[str, Any]]
     ctx: StageContext
     counters: Counters = field(default_factory=Counters)
@@ -123,37 +123,15 @@ class Pipeline:
 
 def build_pipeline(config: StreamsConfig, ctx: StageContext) -> Pipeline:
     """Instantiate and check the recipe's pipeline. Errors are ConfigErrors naming the stage."""
-    specs = config.pipeline
-    names = [s.name for s in specs]
-    if names[0] != "validate":
-        raise ConfigError(f"streams.pipeline[0]: the pipeline must start with 'validate', not {names[0]!r}")
-    if len(names) < 3 or names[1] != "group":
-        raise ConfigError("streams.pipeline[1]: 'group' must follow 'validate'")
-    if names[-1] != "route":
-        raise ConfigError(
-            f"streams.pipeline[{len(names) - 1}]: the pipeline must end with 'route', not {names[-1]!r}"
-        )
-    built = [
-        instantiate(s.name, dict(s.args), f"streams.pipeline[{i}] ({s.name})") for i, s in enumerate(specs)
-    ]
-    validate, group, route_stage = built[0], built[1], built[-1]
-    if (
-        not isinstance(validate, Validate)
-        or not isinstance(group, GroupStage)
-        or not isinstance(route_stage, Route)
-    ):
-        raise ConfigError("streams.pipeline: validate, group and route must be the built-in stages")
-    middle: list[tuple[str, Any]] = []
+    stages: list[tuple[str, Any]] = []
     seen_advantage = False
-    for i, (spec, stage) in enumerate(zip(specs[2:-1], built[2:-1], strict=True), start=2):
+    for i, spec in enumerate(config.pipeline):
         where = f"streams.pipeline[{i}] ({spec.name})"
-        if spec.name in ("validate", "group", "route"):
-            raise ConfigError(f"{where}: {spec.name!r} may appear only once")
+        stage = instantiate(spec.name, dict(spec.args), where)
         kind = getattr(stage, "kind", "transform")
         if kind not in KINDS:
             raise ConfigError(
-                f"{where}: {spec.name!r} declares kind {kind!r}; a stage between group and "
-                f"route must be one of {', '.join(KINDS)}"
+                f"{where}: {spec.name!r} declares kind {kind!r}; a stage must be one of {', '.join(KINDS)}"
             )
         if not callable(stage):
             raise ConfigError(f"{where}: {spec.name!r} is not callable with a Group")
@@ -170,15 +148,17 @@ def build_pipeline(config: StreamsConfig, ctx: StageContext) -> Pipeline:
         setup = getattr(stage, "setup", None)
         if callable(setup):
             setup(ctx)
-        middle.append((spec.name, stage))
+        stages.append((spec.name, stage))
     if not seen_advantage:
         raise ConfigError(
-            "streams.pipeline: no advantage estimator before 'route' "
+            "streams.pipeline: no advantage estimator "
             "(add one of grpo, dr_grpo, rloo, reinforce_pp_baseline, reinforce_pp "
             "or a plug-in of kind 'advantage')"
         )
-    duplicates = {n for n in names[2:-1] if names.count(n) > 1}
+    names = [s.name for s in config.pipeline]
+    duplicates = {n for n in names if names.count(n) > 1}
     if duplicates:
         # two stages of one name would share metric names; refuse rather than mix their counts
         raise ConfigError(f"streams.pipeline: {sorted(duplicates)[0]!r} appears more than once")
-    return Pipeline(validate=validate, group=group, stages=middle, ctx=ctx)
+    validate = Validate(**config.validation.model_dump())
+    return Pipeline(validate=validate, group=config.group, stages=stages, ctx=ctx)

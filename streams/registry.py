@@ -1,7 +1,9 @@
 """The data algorithms a recipe's `streams.pipeline` can name: built-ins plus plug-ins declared
 under the `astraflow.algorithms` entry point group, served by the shared `astraflow.registry`
 (lazy; a plug-in cannot shadow a built-in; a broken plug-in fails only the recipe naming it; an
-unknown name fails listing the known ones).
+unknown name fails listing the known ones). `validate`, `group` and `route` are not here: they are
+not algorithms a recipe places, but the fixed stages around the pipeline, configured by sections
+of their own (`streams.validate`, `streams.group`), and a recipe cannot list them.
 
 A registry entry is a factory (normally a class) called with the stage's `args` as keyword
 arguments; `instantiate` checks those arguments against its signature.
@@ -19,8 +21,6 @@ ENTRY_POINT_GROUP = "astraflow.algorithms"
 
 #: name -> "module:attribute" of the built-in algorithms (imported on use).
 BUILTINS: dict[str, str] = {
-    "validate": "streams.validate:Validate",
-    "group": "streams.grouping:GroupStage",
     "zero_variance": "streams.filters:ZeroVariance",
     "truncated": "streams.filters:Truncated",
     "errored": "streams.filters:Errored",
@@ -34,7 +34,6 @@ BUILTINS: dict[str, str] = {
     "task_stats": "streams.stats:TaskStatsStage",
     "replay": "streams.reuse:Replay",
     "mix": "streams.reuse:Mix",
-    "route": "streams.route:Route",
 }
 
 ALGORITHMS = Registry("algorithm", ENTRY_POINT_GROUP, BUILTINS)

@@ -16,7 +16,7 @@ import numpy as np
 
 from astraflow.errors import AstraFlowError
 from astraflow.records import Sample
-from streams.api import Group, Stage, owner_mask
+from streams.api import Group, owner_mask
 
 
 class PipelineError(AstraFlowError):
@@ -67,12 +67,3 @@ def route(group: Group, now: float | None = None) -> list[Sample]:
                 )
             )
     return out
-
-
-class Route(Stage):
-    """Marks the end of the pipeline; the Faust adapter calls `route()` on what reaches it."""
-
-    kind = "route"
-
-    def __call__(self, group: Group) -> Group:
-        return group

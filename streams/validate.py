@@ -14,14 +14,13 @@ from __future__ import annotations
 
 from astraflow.errors import RecordError
 from astraflow.records import Trajectory, TrajectoryBatch, batch_items, decode, group_id, traj_id
-from streams.api import Stage
 
 #: One trajectory of a record: its bytes, and the checked Trajectory or why it was refused.
 Item = tuple[bytes, Trajectory | RecordError]
 
 
-class Validate(Stage):
-    kind = "validate"
+class Validate:
+    """The checks of `streams.validate` (astraflow/config/streams.py, `ValidateConfig`)."""
 
     def __init__(
         self, *, check_ids: bool = True, check_key: bool = True, max_tokens: int | None = None

@@ -58,7 +58,6 @@ def test_the_soak_recipe_brings_the_dedupe_bounds_inside_the_run(tmp_path) -> No
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(soak.soak_recipe(data, 600.0, 20_000)))
     recipe = load_recipe(tmp_path / "r.yaml")
     assert recipe.run.max_steps is None and recipe.trainer.dedupe_window == 20_000
-    group = next(s for s in recipe.streams.pipeline if s.name == "group")
-    assert group.args == {"dedupe_ttl_s": 600.0}
+    assert recipe.streams.group.dedupe_ttl_s == 600.0
     plain = soak.soak_recipe(data, None, None)
     assert plain["trainer"] == data["trainer"] and plain["streams"] == data["streams"]

@@ -1,19 +1,29 @@
-"""Config of the streams component (`astraflow streams`): the pipeline of data algorithms and the
-Faust worker that runs it. Owned by the streams component.
+"""Config of the streams component (`astraflow streams`): the pipeline of data algorithms, the
+stages around it, and the Faust worker that runs it. Owned by the streams component.
 
-The pipeline is an ordered list of registered algorithms with their arguments; it must start with
-`validate` and `group` and end with `route`. Names and arguments are checked when the streams
-worker builds the pipeline (`streams.pipeline.build_pipeline`), because plug-ins are found through
-entry points that this light config module does not import.
+Every group goes validate -> group -> pipeline -> route. `validate` and `group` are not data
+algorithms (they work on records and on the group table) and `route` always ends the chain, so
+they are sections of their own (`streams.validate`, `streams.group`); `streams.pipeline` lists
+only the algorithms in between. Their names and arguments are checked when the streams worker
+builds the pipeline (`streams.pipeline.build_pipeline`), because plug-ins are found through entry
+points that this light config module does not import.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from astraflow.config.base import StrictModel
+
+#: Stages that recipes used to list in `streams.pipeline`, and where their arguments went.
+_MOVED = {
+    "validate": "put its args under streams.validate",
+    "group": "put its args under streams.group",
+    "route": "it always follows the last one and takes no arguments: remove it",
+}
 
 
 class StageConfig(StrictModel):
@@ -24,17 +34,58 @@ class StageConfig(StrictModel):
     args: dict[str, Any] = Field(default_factory=dict)
     """Arguments of the algorithm (keyword arguments of its constructor)."""
 
+    @model_validator(mode="after")
+    def _not_moved(self) -> StageConfig:
+        if self.name in _MOVED:  # a recipe written before validate, group and route had sections
+            message = f"{self.name!r} is no longer a pipeline stage; {_MOVED[self.name]}"
+            raise PydanticCustomError("stage_moved", message)
+        return self
+
+
+class ValidateConfig(StrictModel):
+    """What `validate` checks beyond the record codec (streams/validate.py)."""
+
+    check_ids: bool = True
+    """Refuse a trajectory whose group_id or traj_id is not the one derived from its task_id,
+    attempt and sample_index."""
+    check_key: bool = True
+    """Refuse a record whose Kafka key is not its group_id (a group must stay on one partition)."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Refuse a trajectory longer than this many tokens; None: no limit."""
+
+
+class GroupConfig(StrictModel):
+    """How `group` collects a group's trajectories (streams/grouping.py)."""
+
+    timeout_s: float = Field(default=120.0, gt=0)
+    """Seconds from a group's first trajectory after which it is emitted or dropped incomplete."""
+    on_timeout: Literal["emit", "drop"] = "emit"
+    """At the timeout: emit what the group holds (if at least `min_size`), or drop it (`timeout`)."""
+    min_size: int = Field(default=1, ge=1)
+    """Fewest trajectories a timed-out group is emitted with; fewer: it is dropped."""
+    dedupe_ttl_s: float = Field(default=3600.0, ge=0)
+    """Seconds an emitted group is remembered, so that late or repeated trajectories are dropped."""
+
 
 def _default_pipeline() -> list[StageConfig]:
-    return [StageConfig(name=n) for n in ("validate", "group", "task_stats", "errored", "grpo", "route")]
+    return [StageConfig(name=n) for n in ("task_stats", "errored", "grpo")]
 
 
 class StreamsConfig(StrictModel):
-    """The ordered pipeline from `trajectories` to `samples.<policy>`, and its Faust worker."""
+    """validate -> group -> the pipeline -> route, from `trajectories` to `samples.<policy>`, and
+    the Faust worker that runs it."""
 
-    pipeline: list[StageConfig] = Field(default_factory=_default_pipeline, min_length=3)
-    """Algorithms applied in order: `validate`, `group`, then any group algorithms (filters, an
-    advantage estimator, `task_stats`, `replay`/`mix`, plug-ins), then `route`."""
+    # a recipe dumped (tests write one for a subprocess) must load again: its key is `validate`
+    model_config = ConfigDict(**StrictModel.model_config, serialize_by_alias=True)
+
+    validation: ValidateConfig = Field(default_factory=ValidateConfig, alias="validate")
+    """The `validate` stage. Recipe key `validate`: a field of that name would shadow pydantic's
+    `BaseModel.validate`."""
+    group: GroupConfig = Field(default_factory=GroupConfig)
+    """The `group` stage."""
+    pipeline: list[StageConfig] = Field(default_factory=_default_pipeline, min_length=1)
+    """Data algorithms applied in order to each group: filters, then one advantage estimator, with
+    `task_stats`, `replay`/`mix` and plug-ins where they belong. `route` follows the last."""
     app_id: str = "streams"
     """Faust application id and consumer group, namespaced with `kafka.namespace`."""
     data_dir: str | None = None

@@ -59,3 +59,19 @@ def test_an_unknown_name_fails_at_load_time(tmp_path: Path) -> None:
     with pytest.raises((ConfigError, KeyError, ValueError)) as info:
         check_recipe(load_recipe(bad))
     assert "arithmetik" in str(info.value) and "arithmetic" in str(info.value)  # names the known ones
+
+
+def test_a_recipe_listing_group_in_its_pipeline_says_where_the_args_go(tmp_path: Path) -> None:
+    from astraflow.errors import ConfigError
+
+    old = (REPO / "recipes" / "arithmetic.yaml").read_text()
+    assert "    - name: grpo\n" in old
+    bad = tmp_path / "old.yaml"
+    bad.write_text(
+        old.replace("    - name: grpo\n", "    - {name: group, args: {timeout_s: 60}}\n    - name: grpo\n")
+    )
+    with pytest.raises(ConfigError) as info:
+        load_recipe(bad)
+    assert str(info.value) == (
+        f"{bad}: streams.pipeline.0: 'group' is no longer a pipeline stage; put its args under streams.group"
+    )

@@ -17,12 +17,8 @@ from streams.testing import make_traj
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
-PIPELINE = [
-    {"name": "validate"},
-    {"name": "group", "args": {"timeout_s": 300}},
-    {"name": "grpo"},
-    {"name": "route"},
-]
+PIPELINE = [{"name": "grpo"}]
+GROUP = {"timeout_s": 300}
 SIZE = 4
 
 
@@ -57,7 +53,7 @@ def killed_group(text: str, where: str) -> str:
 
 
 def test_sigkill_inside_an_emission_then_restart(streams_harness) -> None:  # type: ignore[no-untyped-def]
-    h = streams_harness(["policy"], PIPELINE)
+    h = streams_harness(["policy"], PIPELINE, group=GROUP)
     # 1: dies after half of the 3rd group's Samples are acknowledged (intent written, 2 of 4 out);
     #    the groups emitted in the same batch are left with their intents and none of their Samples
     w = h.start(extra_env={"ASTRAFLOW_STREAMS_FAILPOINT": "mid_emit:3"})
@@ -89,7 +85,7 @@ def test_sigkill_inside_an_emission_then_restart(streams_harness) -> None:  # ty
 
 
 def test_random_sigkills_while_data_flows(streams_harness) -> None:  # type: ignore[no-untyped-def]
-    h = streams_harness(["policy"], PIPELINE)
+    h = streams_harness(["policy"], PIPELINE, group=GROUP)
     n_groups = 120
     items = groups(0, n_groups)
     rng = random.Random(4)

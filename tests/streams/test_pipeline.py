@@ -10,7 +10,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from astraflow.config.streams import StageConfig, StreamsConfig
+from astraflow.config.base import validate_model
+from astraflow.config.streams import GroupConfig, StageConfig, StreamsConfig
 from astraflow.errors import ConfigError, RecordError
 from astraflow.records import encode
 from streams import registry
@@ -80,41 +81,59 @@ def test_validate_checks_the_key_and_length() -> None:
 def test_default_pipeline_builds() -> None:
     p = build_pipeline(StreamsConfig(), ctx())
     assert p.names == ["validate", "group", "task_stats", "errored", "grpo", "route"]
+    assert p.group == GroupConfig(timeout_s=120.0, on_timeout="emit", min_size=1, dedupe_ttl_s=3600.0)
+    assert (p.validate.check_ids, p.validate.check_key, p.validate.max_tokens) == (True, True, None)
+
+
+def test_validate_and_group_take_their_sections() -> None:
+    cfg = validate_model(
+        StreamsConfig, {"validate": {"max_tokens": 64}, "group": {"timeout_s": 5, "min_size": 2}}, "r.yaml"
+    )
+    p = build_pipeline(cfg, ctx())
+    assert p.validate.max_tokens == 64 and p.group.timeout_s == 5.0 and p.group.min_size == 2
+    assert cfg.model_dump(mode="json")["validate"] == {"check_ids": True, "check_key": True, "max_tokens": 64}
+
+
+@pytest.mark.parametrize(
+    "stage, message",
+    [
+        ("validate", "'validate' is no longer a pipeline stage; put its args under streams.validate"),
+        ("group", "'group' is no longer a pipeline stage; put its args under streams.group"),
+        ("route", "'route' is no longer a pipeline stage; it always follows the last one .*: remove it"),
+    ],
+)
+def test_a_stage_that_left_the_pipeline_says_where_it_went(stage: str, message: str) -> None:
+    data = {"pipeline": [{"name": "errored"}, {"name": stage, "args": {}}, {"name": "grpo"}]}
+    with pytest.raises(ConfigError, match=rf"r.yaml: pipeline.1: {message}"):
+        validate_model(StreamsConfig, data, "r.yaml")
 
 
 def test_unknown_name_lists_the_known_ones() -> None:
     with pytest.raises(ConfigError) as err:
-        build_pipeline(pipeline("validate", "group", "gpro", "route"), ctx())
+        build_pipeline(pipeline("gpro"), ctx())
     msg = str(err.value)
     assert "unknown algorithm 'gpro'" in msg and "grpo" in msg and "rloo" in msg and "zero_variance" in msg
+    assert "'group'" not in msg and "'route'" not in msg  # not algorithms a recipe can place
 
 
 def test_bad_arguments_name_the_stage_and_key() -> None:
     with pytest.raises(
-        ConfigError, match=r"pipeline\[2\] \(grpo\): unknown argument 'epsilon'.*it takes: ddof, eps"
+        ConfigError, match=r"pipeline\[1\] \(grpo\): unknown argument 'epsilon'.*it takes: ddof, eps"
     ):
-        build_pipeline(pipeline("validate", "group", ("grpo", {"epsilon": 1}), "route"), ctx())
-    with pytest.raises(ConfigError, match=r"pipeline\[1\] \(group\): bad arguments.*on_timeout"):
-        build_pipeline(pipeline("validate", ("group", {"on_timeout": "explode"}), "grpo", "route"), ctx())
+        build_pipeline(pipeline("errored", ("grpo", {"epsilon": 1})), ctx())
+    with pytest.raises(ConfigError, match=r"r.yaml: group.on_timeout: Input should be 'emit' or 'drop'"):
+        validate_model(StreamsConfig, {"group": {"on_timeout": "explode"}}, "r.yaml")
+    with pytest.raises(ConfigError, match=r"r.yaml: unknown key 'validate.max_token'"):
+        validate_model(StreamsConfig, {"validate": {"max_token": 4}}, "r.yaml")
 
 
 @pytest.mark.parametrize(
     "names, message",
     [
-        (("group", "validate", "grpo", "route"), "must start with 'validate'"),
-        (("validate", "grpo", "group", "route"), "'group' must follow 'validate'"),
-        (("validate", "group", "route", "grpo"), "must end with 'route'"),
-        (("validate", "group", "zero_variance", "route"), "no advantage estimator"),
-        (
-            ("validate", "group", "zero_variance", "zero_variance", "grpo", "route"),
-            "'zero_variance' appears more than once",
-        ),
-        (("validate", "group", "validate", "grpo", "route"), "may appear only once"),
-        (
-            ("validate", "group", "grpo", "zero_variance", "route"),
-            r"filter 'zero_variance' comes after the advantage",
-        ),
-        (("validate", "group", "grpo", "rloo", "route"), "a second advantage estimator 'rloo'"),
+        (("zero_variance",), "no advantage estimator"),
+        (("zero_variance", "zero_variance", "grpo"), "'zero_variance' appears more than once"),
+        (("grpo", "zero_variance"), r"pipeline\[1\] \(zero_variance\): filter 'zero_variance' comes after"),
+        (("grpo", "rloo"), r"pipeline\[1\] \(rloo\): a second advantage estimator 'rloo'"),
     ],
 )
 def test_pipeline_order_is_checked(names, message) -> None:  # type: ignore[no-untyped-def]
@@ -139,7 +158,7 @@ def test_plugins_come_from_entry_points(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(registry.ALGORITHMS, "_loaded", {})  # and forgotten after this test
     monkeypatch.setattr(metadata.EntryPoint, "load", lambda self: Clip)
     assert "clip" in registry.ALGORITHMS.names()
-    p = build_pipeline(pipeline("validate", "group", ("clip", {"limit": 2.0}), "grpo", "route"), ctx())
+    p = build_pipeline(pipeline(("clip", {"limit": 2.0}), "grpo"), ctx())
     assert p.names[2] == "clip" and p.stages[0][1].limit == 2.0
 
 
@@ -147,7 +166,7 @@ def test_plugins_come_from_entry_points(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_run_counts_per_stage_and_trajectory_totals() -> None:
-    p = build_pipeline(pipeline("validate", "group", "truncated", "zero_variance", "grpo", "route"), ctx())
+    p = build_pipeline(pipeline("truncated", "zero_variance", "grpo"), ctx())
     g = make_group([1.0, 0.0, 1.0, 0.0])
     g.trajectories[3] = make_traj("t0", 3, finish="length", rewards=0.0)
     out = p.run(g)
@@ -165,7 +184,7 @@ def test_run_counts_per_stage_and_trajectory_totals() -> None:
 
 
 def test_a_failing_stage_raises_stage_error() -> None:
-    p = build_pipeline(pipeline("validate", "group", "grpo", "route"), ctx())
+    p = build_pipeline(pipeline("grpo"), ctx())
 
     def boom(group: Group) -> Group:
         raise ZeroDivisionError("oops")
@@ -176,9 +195,7 @@ def test_a_failing_stage_raises_stage_error() -> None:
 
 
 def test_replays_are_counted_apart_from_fresh_trajectories() -> None:
-    p = build_pipeline(
-        pipeline("validate", "group", "grpo", ("replay", {"times": 1, "delay": 1}), "route"), ctx()
-    )
+    p = build_pipeline(pipeline("grpo", ("replay", {"times": 1, "delay": 1})), ctx())
     samples = []
     for i in range(3):
         samples += p.to_samples(p.run(make_group([1.0, 0.0], task=f"t{i}")))

@@ -19,11 +19,8 @@ from tests.conftest import REPO, subprocess_env
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 PIPELINE = [
-    {"name": "validate"},
-    {"name": "group"},
     {"name": "length_penalty", "args": {"per_token": 0.1}},
     {"name": "dr_grpo"},
-    {"name": "route"},
 ]
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from astraflow.config.streams import GroupConfig
 from astraflow.records import encode
 from streams.faust_glue import MsgpackCodec
-from streams.grouping import DictTable, GroupCollector, GroupStage
+from streams.grouping import DictTable, GroupCollector
 from streams.stats import dropped_summary, fold, parse_summary, summarize, to_record
 from streams.testing import make_group, make_traj
 
@@ -56,7 +57,7 @@ def stored(table: DictTable, key: str) -> bytes:
 
 
 def test_group_metas_are_written_as_before() -> None:
-    c = GroupCollector(GroupStage(), DictTable(), DictTable())
+    c = GroupCollector(GroupConfig(), DictTable(), DictTable())
     c.add(TRAJS[0], encode(TRAJS[0]), 5, 10.0, 100)
     c.add(TRAJS[1], encode(TRAJS[1]), 5, 12.5, 102)
     assert stored(c.groups, "t0#0") == PENDING
@@ -73,7 +74,7 @@ def restored(entries: dict[str, bytes]) -> GroupCollector:
     groups.data = {k: CODEC.loads(v) for k, v in entries.items()}
     for t in TRAJS[:2]:
         bodies.data[t.traj_id] = encode(t)
-    return GroupCollector(GroupStage(timeout_s=60.0), groups, bodies)
+    return GroupCollector(GroupConfig(timeout_s=60.0), groups, bodies)
 
 
 def test_a_pending_meta_written_before_carries_on() -> None:

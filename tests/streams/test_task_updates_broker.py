@@ -13,17 +13,12 @@ from streams.testing import make_traj
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
-PIPELINE = [
-    {"name": "validate"},
-    {"name": "group", "args": {"timeout_s": 30.0}},
-    {"name": "task_stats"},
-    {"name": "grpo"},
-    {"name": "route"},
-]
+PIPELINE = [{"name": "task_stats"}, {"name": "grpo"}]
+GROUP = {"timeout_s": 30.0}
 
 
 def test_poison_task_updates_are_dead_lettered_and_the_worker_keeps_going(streams_harness) -> None:  # type: ignore[no-untyped-def]
-    h = streams_harness(["policy"], PIPELINE)
+    h = streams_harness(["policy"], PIPELINE, group=GROUP)
     worker = h.start()
     internal = "streams-task-updates"  # namespaced like the app id: <namespace>.streams-task-updates
     good = {

@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from astraflow.config.streams import GroupConfig
 from astraflow.records import encode
 from streams.advantages import GRPO
 from streams.api import Group
-from streams.grouping import GroupCollector, GroupStage
+from streams.grouping import GroupCollector
 from streams.route import route
 from streams.stats import summarize
 from streams.testing import make_traj
@@ -32,7 +33,7 @@ class DictTable(dict):  # type: ignore[type-arg]
 
 def test_views_of_different_policies_form_one_group() -> None:
     trajs = views([1.0, 0.0, 1.0, 0.0])
-    collector = GroupCollector(GroupStage(), DictTable(), DictTable())
+    collector = GroupCollector(GroupConfig(), DictTable(), DictTable())
     outcomes = [collector.add(t, encode(t), 0, now=1.0).outcome for t in trajs]
     assert outcomes == ["added"] * 8
     meta = collector.groups[trajs[0].group_id]

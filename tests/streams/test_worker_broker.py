@@ -20,14 +20,12 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 POLICIES = ["solver", "verifier"]
 PIPELINE = [
-    {"name": "validate"},
-    {"name": "group", "args": {"timeout_s": 4.0, "min_size": 2}},
     {"name": "task_stats"},
     {"name": "truncated"},
     {"name": "zero_variance"},
     {"name": "grpo", "args": {"eps": 1e-6}},
-    {"name": "route"},
 ]
+GROUP = {"timeout_s": 4.0, "min_size": 2}
 SOLVER = [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 1], [1, 0, 1, 0], [0.5, 0, 1, 0.25], [1, 0, 0, 1]]
 VERIFIER = [[0, 1, 1, 1], [1, 1, 1, 0], [0, 0, 1, 1], [0.2, 0.4, 0.6, 0.8], [1, 0, 0, 0], [1, 1, 0, 0]]
 
@@ -94,7 +92,7 @@ def malformed() -> list[tuple[bytes | None, bytes, str]]:
 
 
 def test_worker_end_to_end(streams_harness) -> None:  # type: ignore[no-untyped-def]
-    h = streams_harness(POLICIES, PIPELINE)
+    h = streams_harness(POLICIES, PIPELINE, group=GROUP)
     worker = h.start()
     good, expected = good_input()
     bad = malformed()
@@ -187,7 +185,7 @@ def test_a_workers_batches_are_opened_and_a_bad_trajectory_of_one_is_dead_letter
     """Workers send a group's trajectories as one TrajectoryBatch: streams takes each on its own. A
     bad trajectory goes to deadletter alone (its own bytes, the batch's position, the item named) and
     its group is emitted without it at the timeout; a batch under another group's key is refused whole."""
-    h = streams_harness(POLICIES, PIPELINE)
+    h = streams_harness(POLICIES, PIPELINE, group=GROUP)
     worker = h.start()
     whole = [traj("b0", i, SOLVER[0][i], VERIFIER[0][i]) for i in range(4)]
     holed = [encode(traj("b1", i, SOLVER[1][i], VERIFIER[1][i])) for i in range(4)]
@@ -247,7 +245,9 @@ def test_refuses_to_start_without_its_topics(kafka, tmp_path) -> None:  # type: 
     from tests.conftest import subprocess_env
     from tests.streams.conftest import write_recipe
 
-    recipe = write_recipe(tmp_path / "recipe.yaml", kafka, POLICIES, PIPELINE)  # no `topics apply`
+    recipe = write_recipe(
+        tmp_path / "recipe.yaml", kafka, POLICIES, PIPELINE, group=GROUP
+    )  # no `topics apply`
     run = subprocess.run(
         [
             sys.executable,

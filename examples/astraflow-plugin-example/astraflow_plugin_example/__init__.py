@@ -4,11 +4,8 @@ Placed before an advantage estimator in a recipe's streams pipeline:
 
     streams:
       pipeline:
-        - {name: validate}
-        - {name: group}
         - {name: length_penalty, args: {per_token: 0.01}}
         - {name: grpo}
-        - {name: route}
 
 it discourages long answers: every trajectory loses `per_token` x (tokens that policy generated)
 from `rewards[policy]`, floored at `floor`. The stage is a pure function of one group; it knows
