@@ -25,8 +25,9 @@ import numpy as np
 
 from astraflow.records import Trajectory
 
-#: `kind` values a stage of `streams.pipeline` may declare (default "transform"); the pipeline
-#: builder (streams/pipeline.py) wants exactly one "advantage" and every "filter" before it.
+#: `kind` values a stage of `streams.pipeline` may declare (default "transform"). The pipeline
+#: builder (streams/pipeline.py) wants exactly one "advantage", every "filter" before it and every
+#: "reuse" after it; an "observe" stage must return the group it was given, nothing removed.
 KINDS = ("filter", "advantage", "observe", "reuse", "transform")
 
 

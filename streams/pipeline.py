@@ -56,6 +56,7 @@ class Pipeline:
         c = self.counters
         current = [group]
         for name, stage in self.stages:
+            observer = getattr(stage, "kind", None) == "observe"
             nxt: list[Group] = []
             t0 = time.perf_counter()
             for g in current:
@@ -63,6 +64,10 @@ class Pipeline:
                 c.inc(f"stage.{name}.in", n_in)
                 try:
                     result = stage(g)
+                    if observer and (result is not g or len(g) != n_in):
+                        raise ValueError(
+                            "a stage of kind 'observe' must return the group it was given, whole"
+                        )
                 except Exception as exc:  # the boundary of third-party code: contain it
                     raise StageError(name, g.group_id, exc) from exc
                 if result is None:
@@ -144,6 +149,12 @@ def build_pipeline(config: StreamsConfig, ctx: StageContext) -> Pipeline:
             )
         if kind == "advantage" and seen_advantage:
             raise ConfigError(f"{where}: a second advantage estimator {spec.name!r}; a pipeline has one")
+        if kind == "reuse" and not seen_advantage:
+            # a copy carries the advantages of the group it copies; before the estimator it would be
+            # estimated again, and a windowed baseline (reinforce_pp) would count its rewards twice
+            raise ConfigError(
+                f"{where}: {spec.name!r} reuses groups before the advantage estimator; put it after"
+            )
         seen_advantage |= kind == "advantage"
         setup = getattr(stage, "setup", None)
         if callable(setup):

@@ -134,6 +134,7 @@ def test_bad_arguments_name_the_stage_and_key() -> None:
         (("zero_variance", "zero_variance", "grpo"), "'zero_variance' appears more than once"),
         (("grpo", "zero_variance"), r"pipeline\[1\] \(zero_variance\): filter 'zero_variance' comes after"),
         (("grpo", "rloo"), r"pipeline\[1\] \(rloo\): a second advantage estimator 'rloo'"),
+        (("replay", "grpo"), r"pipeline\[0\] \(replay\): 'replay' reuses groups before the advantage"),
     ],
 )
 def test_pipeline_order_is_checked(names, message) -> None:  # type: ignore[no-untyped-def]
@@ -192,6 +193,21 @@ def test_a_failing_stage_raises_stage_error() -> None:
     p.stages.insert(0, ("boom", boom))
     with pytest.raises(StageError, match="stage 'boom' failed on group t0#0: ZeroDivisionError: oops"):
         p.run(make_group([1.0, 0.0]))
+
+
+def test_an_observer_must_return_the_group_whole() -> None:
+    class Peek:
+        kind = "observe"
+
+        def __call__(self, group: Group) -> Group:
+            group.remove([True] + [False] * (len(group) - 1), "peeked")
+            return group
+
+    p = build_pipeline(pipeline("task_stats", "grpo"), ctx())
+    assert len(p.to_samples(p.run(make_group([1.0, 0.0])))) == 2  # task_stats, an observer, keeps all
+    p.stages.insert(0, ("peek", Peek()))
+    with pytest.raises(StageError, match="stage 'peek' failed .* kind 'observe' must return the group"):
+        p.run(make_group([1.0, 0.0], task="t1"))
 
 
 def test_replays_are_counted_apart_from_fresh_trajectories() -> None:
