@@ -241,7 +241,7 @@ def create_app(
     @app.task
     async def emitter() -> None:
         try:
-            await runtime.emitter()
+            await runtime.emitter.run()
         except Exception as exc:
             fatal(app, "the group emitter", exc)
 

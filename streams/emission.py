@@ -1,33 +1,42 @@
-"""Emission, the part of StreamsRuntime (streams/runtime.py) that turns complete groups into Samples.
+"""The emitter of the streams worker (streams/runtime.py): it turns complete groups into Samples.
 
 An emitter task drains a queue of groups in batches, everything queued while one batch is emitted
-forming the next: it runs the group algorithms, routes, and produces the Samples with the intent
-protocol of streams/emit.py, so a crash at any point neither loses nor duplicates a Sample. A batch
-pays the protocol's two awaited round trips (intents durable, then Samples acknowledged) once for
-all its groups; one group at a time, the groups of a training step queued behind each other's
-round trips.
+forming the next. For each group `plan_emission` (streams/plan.py) decides what must be written;
+the `Emitter` only carries those Emissions out, through a `Sink` (streams/sink.py), in the order
+that makes a crash at any point lose no Sample and duplicate none (the protocol of streams/emit.py):
+
+1. a group that makes no Sample (dropped at its timeout, or failed by a stage) is finished at once:
+   its dead letters are acknowledged, then its task summaries, then it is marked done;
+2. the intents of the batch's other groups are written; a group whose intent a previous worker
+   wrote is read back, and only its Samples that are not on the topics remain to be produced;
+3. every intent is acknowledged before any Sample is produced;
+4. the Samples and task summaries of every group are produced, and all acknowledged;
+5. only then is each group marked done (its bodies deleted), durable by the flush before the
+   next offset commit.
+
+A batch pays the protocol's two awaited round trips (3 and 4) once for all its groups; one group
+at a time, the groups of a training step queued behind each other's round trips.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from astraflow.records import SampleBatch, Trajectory, decode, encode, sample_batches
+from astraflow.records import Trajectory, decode, encode
 from streams.api import Group
-from streams.emit import partition_for, read_back
-from streams.grouping import DONE, INTENT, OpenGroup
-from streams.pipeline import StageError
-from streams.stats import TaskSummary, dropped_summary
+from streams.grouping import DONE, GroupCollector, OpenGroup
+from streams.pipeline import Pipeline
+from streams.plan import Emission, Routes, pack, plan_emission
+from streams.sink import Sink
+from streams.stats import TaskSummary
 
 log = logging.getLogger(__name__)
-#: Samples of a group and policy travel together up to this many encoded bytes a record.
-BATCH_BYTES = 1 << 20
 
 
 def failpoint_from_env() -> tuple[str, int] | None:
@@ -39,67 +48,126 @@ def failpoint_from_env() -> tuple[str, int] | None:
     return (where, int(n)) if where in ("mid_emit", "after_emit") and n.isdigit() else None
 
 
-@dataclass
-class _Plan:
-    """One group of an emission batch: what its algorithms made of it, before anything is sent."""
-
-    gid: str
-    meta: OpenGroup  # as it was before this emission's intent
-    group: Group
-    records: list[tuple[str, int, Any]]  # (policy, partition, Sample)
-    summaries: list[TaskSummary]
-    emitted: bool
-    number: int = 0  # its place among the emissions that produced Samples (the failpoints count them)
-
-
 class Emitter:
-    """The emission half of StreamsRuntime (a mixin: it uses the runtime's collector, pipeline,
-    topics, counters, producer and dead letters)."""
+    """Emits the groups queued by the runtime: plans each, then writes the plans to `sink`.
 
-    app: Any
-    collector: Any
-    pipeline: Any
-    topics: Any
-    settings: Any
-    policies: frozenset[str]
-    counters: Any
-    dead: Any
-    publisher: Any
-    cache: Any
-    arrived: Any
-    queue: dict[str, str]
-    emitting: set[str]
-    _wake: asyncio.Event
-    failpoint: tuple[str, int] | None
-    emissions: int
+    `cache` (traj_id -> Trajectory) and `arrived` (group_id -> when its last trajectory came) are
+    the runtime's, filled as trajectories arrive; an emitted group's entries leave them."""
 
-    def written(self) -> list[Any]:
-        raise NotImplementedError
-
-    async def deadletter(
+    def __init__(
         self,
-        topic: str,
-        partition: int,
-        offset: int,
-        key: bytes | None,
-        raw: bytes,
-        error: str,
-        wait: bool = True,
+        collector: GroupCollector,
+        pipeline: Pipeline,
+        routes: Routes,
+        sink: Sink,
+        *,
+        cache: Any,
+        arrived: Any,
+        failpoint: tuple[str, int] | None = None,
     ) -> None:
-        """Dead-letter one record and wait for the broker's ack: its offset may be committed next.
-        `wait=False`: the caller waits once (`flush_dead`) for several, before its offset is done."""
-        self.dead.publish(topic, partition, offset, key, raw, error)
-        self.counters.inc("trajectories.deadlettered")
-        self.counters.inc("deadletter.count")
-        if wait:
-            await self.flush_dead()
+        self.collector, self.pipeline, self.routes, self.sink = collector, pipeline, routes, sink
+        self.counters = pipeline.counters
+        self.policies = frozenset(pipeline.ctx.policies)
+        self.cache, self.arrived = cache, arrived
+        self.failpoint = failpoint
+        self.queue: dict[str, str] = {}  # gid -> action, in the order queued
+        self.emitting: set[str] = set()
+        self.emissions = 0  # groups whose Samples were produced (the failpoints count them)
+        self._wake = asyncio.Event()
 
-    async def flush_dead(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self.publisher.flush, 60.0)
+    def enqueue(self, gid: str, action: str) -> None:
+        """Queue a group for the emitter (a complete group is emitted as complete, even if a
+        timeout queued it first)."""
+        if gid in self.emitting:
+            return
+        if action == "complete" or gid not in self.queue:
+            self.queue[gid] = action
+        self._wake.set()
 
-    def _group(self, gid: str, meta: OpenGroup, complete: bool) -> Group | None:
+    async def run(self) -> None:
+        """Emit what is queued, in batches: everything queued while a batch is emitted is the next."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch, self.queue = list(self.queue.items()), {}
+            if not batch:
+                continue
+            self.emitting.update(gid for gid, _ in batch)
+            try:
+                await self.emit(batch)
+            finally:
+                self.emitting.difference_update(gid for gid, _ in batch)
+
+    async def emit(self, batch: list[tuple[str, str]]) -> None:
+        """Finish the groups of `batch` ((gid, action) pairs): the intents of all of them are made
+        durable together, then all their Samples are produced and acknowledged together."""
+        emissions = []
+        for gid, action in batch:
+            emission = self.plan(gid, action)
+            if emission is not None and emission.outcome == "emit":
+                emissions.append(emission)
+            elif emission is not None:
+                await self._finish_without_samples(emission)
+        fresh = [e for e in emissions if e.intent]
+        now = time.time()
+        for e in fresh:
+            self.collector.mark_intent(e.gid, now, e.intent or [])
+        intents = self.sink.written()  # taken before any await: other writes may follow meanwhile
+        emissions = await self._recover(emissions)
+        if fresh:
+            await self.sink.send_now()
+            await asyncio.gather(*intents)  # the intents are durable before any Sample exists
+        futures: list[Any] = []
+        numbers = []
+        for e in emissions:
+            self.emissions += bool(e.samples)
+            numbers.append(self.emissions)
+            outgoing = pack(e.samples, self.policies, halves=self.failpoint == ("mid_emit", self.emissions))
+            for i, out in enumerate(outgoing):
+                if i == len(outgoing) // 2:
+                    await self._maybe_fail("mid_emit", self.emissions, e.gid, futures)
+                value = encode(out.batch, self.policies)
+                futures.append(await self.sink.send(out.topic, out.partition, out.key, value))
+                self.counters.inc(f"samples.out.{out.policy}", len(out.batch.items))
+            futures += await self._send_summaries(e.summaries)
+        await self.sink.send_now()
+        await asyncio.gather(*futures)
+        done = time.time()
+        for e, number in zip(emissions, numbers, strict=True):
+            if e.samples:
+                await self._maybe_fail("after_emit", number, e.gid, futures)
+            if e.emitted:
+                self.counters.inc("groups.emitted")
+                if e.gid in self.arrived:
+                    self.counters.observe("latency.emit_ms", (done - self.arrived[e.gid]) * 1000.0)
+                newest = done if e.newest is None else e.newest
+                self.counters.observe("latency.e2e_ms", max(0.0, done - newest) * 1000.0)
+            self._finish(e.gid, e.meta)
+
+    def plan(self, gid: str, action: str) -> Emission | None:
+        """The Emission of one queued group; None when it is gone, done, or waits for bodies."""
+        meta = self.collector.meta(gid)
+        if meta is None or meta["state"] == DONE:
+            return None
+        group, bodies = None, []
+        if action != "timeout_drop":
+            bodies = self.collector.bodies_of(gid)
+            group = self._group(gid, meta, bodies, complete=action == "complete")
+            if group is None:
+                self.counters.inc("groups.waiting_for_bodies")
+                return None
+        emission = plan_emission(
+            gid, meta, action, group, pipeline=self.pipeline, routes=self.routes, bodies=bodies
+        )
+        for name, n in emission.counts.items():
+            self.counters.inc(name, n)
+        return emission
+
+    def _group(
+        self, gid: str, meta: OpenGroup, bodies: list[tuple[str, bytes | None]], complete: bool
+    ) -> Group | None:
         trajs = []
-        for tid, raw in self.collector.bodies_of(gid):
+        for tid, raw in bodies:
             traj = self.cache.get(tid)
             if traj is None:
                 if raw is None:  # lost in a crash; its re-delivery (not yet consumed) restores it
@@ -117,163 +185,20 @@ class Emitter:
             complete=complete,
         )
 
-    def enqueue(self, gid: str, action: str) -> None:
-        """Queue a group for the emitter (a complete group is emitted as complete, even if a
-        timeout queued it first)."""
-        if gid in self.emitting:
-            return
-        if action == "complete" or gid not in self.queue:
-            self.queue[gid] = action
-        self._wake.set()
+    async def _finish_without_samples(self, emission: Emission) -> None:
+        """A group dropped or failed: its dead letters, then its summaries, each acknowledged, then done."""
+        for letter in emission.letters:
+            self.sink.deadletter(letter)
+            self.counters.inc("trajectories.deadlettered")
+            self.counters.inc("deadletter.count")
+        if emission.letters:
+            await self.sink.flush_dead()  # one wait for the group's dead letters
+        await asyncio.gather(*await self._send_summaries(emission.summaries))
+        self._finish(emission.gid, emission.meta)
 
-    async def emitter(self) -> None:
-        """Emit what is queued, in batches: everything queued while a batch is emitted is the next."""
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            batch, self.queue = list(self.queue.items()), {}
-            if not batch:
-                continue
-            self.emitting.update(gid for gid, _ in batch)
-            try:
-                await self.emit(batch)
-            finally:
-                self.emitting.difference_update(gid for gid, _ in batch)
-
-    async def emit(self, batch: list[tuple[str, str]]) -> None:
-        """Finish the groups of `batch` ((gid, action) pairs): the intents of all of them are made
-        durable together, then all their Samples are produced and acknowledged together."""
-        plans = [plan for gid, action in batch if (plan := await self._plan(gid, action)) is not None]
-        fresh = [p for p in plans if p.records and p.meta["state"] != INTENT]
-        now = time.time()
-        for p in fresh:
-            targets = sorted(
-                {(self.topics.samples[pol].get_topic_name(), part) for pol, part, _ in p.records}
-            )
-            self.collector.mark_intent(p.gid, now, targets)
-        intents = self.written()  # taken before any await: other writes may follow meanwhile
-        await self._recover([p for p in plans if p.records and p.meta["state"] == INTENT])
-        if fresh:
-            await self.send_now()
-            await asyncio.gather(*intents)  # the intents are durable before any Sample exists
-        futures: list[Any] = []
-        for p in plans:
-            self.emissions += bool(p.records)
-            p.number = self.emissions
-            outgoing = self._records_of(p)
-            for i, (policy, part, batch) in enumerate(outgoing):
-                if i == len(outgoing) // 2:
-                    await self._maybe_fail("mid_emit", p.number, p.gid, futures)
-                topic = self.topics.samples[policy]
-                futures.append(
-                    await topic.send(
-                        key=batch.group_id.encode(), value=encode(batch, self.policies), partition=part
-                    )
-                )
-                self.counters.inc(f"samples.out.{policy}", len(batch.items))
-            futures += await self._send_summaries(p.summaries, wait=False)
-        await self.send_now()
-        await asyncio.gather(*futures)
-        done = time.time()
-        for p in plans:
-            if p.records:
-                await self._maybe_fail("after_emit", p.number, p.gid, futures)
-            if p.emitted:
-                self.counters.inc("groups.emitted")
-                if p.gid in self.arrived:
-                    self.counters.observe("latency.emit_ms", (done - self.arrived[p.gid]) * 1000.0)
-                newest = max((t.created_at for t in p.group.trajectories), default=done)
-                self.counters.observe("latency.e2e_ms", max(0.0, done - newest) * 1000.0)
-            await self._finish(p.gid, p.meta)
-
-    async def _plan(self, gid: str, action: str) -> _Plan | None:
-        """Run the algorithms of one group. A group that ends here (dropped at its timeout, or
-        failed by a stage) is finished here; None also when it is gone, done, or waits for bodies."""
-        c = self.counters
-        meta = self.collector.meta(gid)
-        if meta is None or meta["state"] == DONE:
-            return None
-        n = len(meta["ids"])
-        if action == "timeout_drop":
-            c.inc("groups.timeout_dropped")
-            c.inc("stage.group.dropped.timeout", n)
-            c.inc("trajectories.dropped.timeout", n)
-            if self.pipeline.task_stats:  # it reaches no trainer: the feeder counts it consumed
-                await self._send_summaries([dropped_summary(gid, meta["task"], meta["env"])])
-            await self._finish(gid, meta)
-            return None
-        group = self._group(gid, meta, complete=action == "complete")
-        if group is None:
-            c.inc("groups.waiting_for_bodies")
-            return None
-        c.inc("groups.timeout_emitted" if action == "timeout_emit" else "groups.complete")
-        c.inc("stage.group.out", n)
-        try:
-            outputs = self.pipeline.run(group)
-            samples = self.pipeline.to_samples(outputs)
-        except StageError as exc:
-            # a stage (often a plug-in) failed on this group: its trajectories go to deadletter
-            offsets = self.collector.offsets(meta)
-            for (tid, raw), offset in zip(self.collector.bodies_of(gid), offsets, strict=True):
-                await self.deadletter(
-                    self.topics.trajectories,
-                    meta["p"],
-                    offset,
-                    gid.encode(),
-                    raw,
-                    f"Trajectory {tid}: {exc}",
-                    wait=False,
-                )
-            await self.flush_dead()  # one wait for the group's dead letters
-            # the group reaches no trainer: its task statistics say so (the feeder counts it consumed)
-            await self._send_summaries(
-                [s | {"dropped": True} for stage in self.pipeline.task_stats for s in stage.take()]
-            )
-            await self._finish(gid, meta)
-            return None
-        summaries = [s for stage in self.pipeline.task_stats for s in stage.take()]
-        reached = {s.policy for s in samples if s.group_id == gid}
-        for (
-            summary
-        ) in summaries:  # a group that reaches no trainer of some policy: the feeder counts it consumed
-            summary["dropped"] = summary["gid"] == gid and not set(group.policies) <= reached
-        records = [
-            (s.policy, partition_for(s.group_id, self.topics.sample_partitions[s.policy]), s) for s in samples
-        ]
-        return _Plan(gid, meta, group, records, summaries, emitted=bool(records))
-
-    def _records_of(self, plan: _Plan) -> list[tuple[str, int, SampleBatch]]:
-        """The records a plan's Samples go out in: one SampleBatch per policy (split at
-        BATCH_BYTES). The mid_emit failpoint's group sends its Samples in two halves, so that
-        dying between them leaves some of them on the topics, as a group of two policies can."""
-        records = plan.records
-        halves = self.failpoint == ("mid_emit", plan.number) and len(records) > 1
-        chunks = [records[: len(records) // 2], records[len(records) // 2 :]] if halves else [records]
-        out = []
-        for chunk in chunks:
-            parts = {policy: part for policy, part, _ in chunk}
-            out += [
-                (b.policy, parts[b.policy], b)
-                for b in sample_batches([s for _, _, s in chunk], BATCH_BYTES, self.policies)
-            ]
-        return out
-
-    async def send_now(self) -> None:
-        """End the producer's linger for what was just sent (see `_IdempotentProducer.send_now`)."""
-        send_now = getattr(self.app.producer, "send_now", None)
-        if send_now is not None:
-            await send_now()
-
-    async def _send_summaries(self, summaries: list[TaskSummary], wait: bool = True) -> list:
-        futures = []
-        if self.topics.task_updates is not None:
-            for summary in summaries:
-                futures.append(
-                    await self.topics.task_updates.send(key=summary["task"].encode(), value=summary)
-                )
-        if wait:
-            await asyncio.gather(*futures)
-        return futures
+    async def _send_summaries(self, summaries: list[TaskSummary]) -> list[Any]:
+        sent = [await self.sink.send_summary(summary) for summary in summaries]
+        return [delivery for delivery in sent if delivery is not None]
 
     async def _maybe_fail(self, where: str, number: int, gid: str, futures: list) -> None:
         if self.failpoint == (where, number):
@@ -281,33 +206,37 @@ class Emitter:
             log.warning("failpoint %s:%d (group %s): SIGKILL", where, number, gid)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    async def _recover(self, plans: list[_Plan]) -> None:
-        """A previous worker died while emitting these groups: keep in each plan only the Samples
-        that are not on the topics (one read-back for all of them)."""
-        if not plans:
-            return
-        name = {pol: topic.get_topic_name() for pol, topic in self.topics.samples.items()}
-        targets = {(t, part) for p in plans for t, part in p.meta.get("targets", [])}
-        targets |= {(name[pol], part) for p in plans for pol, part, _ in p.records}
-        keys = {s.group_id for p in plans for _, _, s in p.records}
-        since = min(p.meta["at"] for p in plans)
-        loop = asyncio.get_running_loop()
-        found = await loop.run_in_executor(None, read_back, self.settings, sorted(targets), keys, since)
-        for p in plans:
-            missing = [r for r in p.records if (name[r[0]], r[2].traj_id) not in found]
-            self.counters.inc("groups.recovered")
-            self.counters.inc("samples.recovered", len(p.records) - len(missing))
-            log.warning(
-                "group %s: recovered an interrupted emission; %d of %d Samples were already on the topics",
-                p.gid,
-                len(p.records) - len(missing),
-                len(p.records),
-            )
-            p.records = missing
+    async def _recover(self, emissions: list[Emission]) -> list[Emission]:
+        """A previous worker died while emitting some of these groups: keep in each of those only
+        the Samples that are not on the topics (one read-back for all of them)."""
+        interrupted = [e for e in emissions if e.recovers]
+        if not interrupted:
+            return emissions
+        targets = {(t, part) for e in interrupted for t, part in e.meta.get("targets", [])}
+        targets |= {(r.topic, r.partition) for e in interrupted for r in e.samples}
+        keys = {r.sample.group_id for e in interrupted for r in e.samples}
+        found = await self.sink.read_back(targets, keys, min(e.meta["at"] for e in interrupted))
+        out = []
+        for e in emissions:
+            if e.recovers:
+                missing = [r for r in e.samples if (r.topic, r.sample.traj_id) not in found]
+                there = len(e.samples) - len(missing)
+                self.counters.inc("groups.recovered")
+                self.counters.inc("samples.recovered", there)
+                log.warning(
+                    "group %s: recovered an interrupted emission; "
+                    "%d of %d Samples were already on the topics",
+                    e.gid,
+                    there,
+                    len(e.samples),
+                )
+                e = dataclasses.replace(e, samples=missing)
+            out.append(e)
+        return out
 
-    async def _finish(self, gid: str, meta: OpenGroup) -> None:
+    def _finish(self, gid: str, meta: OpenGroup) -> None:
         for tid in meta["ids"]:
             self.cache.pop(tid, None)
         self.arrived.pop(gid, None)
         self.collector.mark_done(gid, time.time())
-        self.written()
+        self.sink.written()

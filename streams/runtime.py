@@ -6,7 +6,8 @@ the pure algorithms.
   when complete.
 - `sweep` (a timer): queue groups whose timeout passed, or that became complete without a new
   event (after a restart), and forget emitted groups past their dedupe TTL.
-- `emitter` (a task, streams/emission.py): emits the queued groups in batches.
+- `emitter` (a task, streams/emission.py): emits the queued groups in batches, through the Kafka
+  sink of streams/sink.py.
 
 Only the emitter emits. A group queued but not yet emitted is safe in a crash: its table entry is
 flushed before its source offsets are committed, and the sweep queues it again after the restart.
@@ -32,6 +33,8 @@ from streams.bounded import LRU
 from streams.emission import Emitter, failpoint_from_env
 from streams.grouping import DONE, GroupCollector
 from streams.pipeline import Pipeline
+from streams.plan import Letter, Routes
+from streams.sink import KafkaSink
 from streams.stats import fold, parse_summary, to_record
 
 log = logging.getLogger(__name__)
@@ -66,7 +69,7 @@ class Topics:
     task_stats: Any | None
 
 
-class StreamsRuntime(Emitter):
+class StreamsRuntime:
     def __init__(
         self,
         app: Any,
@@ -85,9 +88,6 @@ class StreamsRuntime(Emitter):
         self.commit_every_s = commit_every_s
         self.policies = frozenset(pipeline.ctx.policies)
         self.counters = pipeline.counters
-        self.queue: dict[str, str] = {}  # gid -> action, in the order queued
-        self.emitting: set[str] = set()
-        self._wake = asyncio.Event()
         self.max_task_stats = max_task_stats
         # bounded (streams/bounded.py): a flood of groups must not grow them without end
         self.cache: LRU[str, Trajectory] = LRU(
@@ -102,13 +102,37 @@ class StreamsRuntime(Emitter):
         self.last_event = time.monotonic()
         self._was_ready = False
         self._seen_ends: tuple[float, dict[Any, int], float] = (0.0, {}, 0.0)  # the watchdog's last look
-        self.failpoint = failpoint_from_env()
-        self.emissions = 0
-        self.tables = [t for t in (collector.bodies, collector.groups, stats_table) if hasattr(t, "written")]
+        tables = [t for t in (collector.bodies, collector.groups, stats_table) if hasattr(t, "written")]
+        self.sink = KafkaSink(
+            app, topics.samples, topics.task_updates, tables, self.dead, self.publisher, settings
+        )
+        routes = Routes(
+            trajectories=topics.trajectories,
+            samples={policy: topic.get_topic_name() for policy, topic in topics.samples.items()},
+            partitions=topics.sample_partitions,
+        )
+        self.emitter = Emitter(
+            collector,
+            pipeline,
+            routes,
+            self.sink,
+            cache=self.cache,
+            arrived=self.arrived,
+            failpoint=failpoint_from_env(),
+        )
 
     def written(self) -> list[Any]:
         """Delivery futures of the table writes since the last call."""
-        return [f for table in self.tables for f in table.written()]
+        return self.sink.written()
+
+    async def deadletter(self, letter: Letter, wait: bool = True) -> None:
+        """Dead-letter one record and wait for the broker's ack: its offset may be committed next.
+        `wait=False`: the caller waits once (`sink.flush_dead`) for several, before its offset is done."""
+        self.sink.deadletter(letter)
+        self.counters.inc("trajectories.deadlettered")
+        self.counters.inc("deadletter.count")
+        if wait:
+            await self.sink.flush_dead()
 
     # ---------------------------------------------------------------- trajectories
 
@@ -124,14 +148,16 @@ class StreamsRuntime(Emitter):
             c.inc("trajectories.in")
             c.inc("stage.validate.in")
             c.inc("stage.validate.deadlettered")
-            await self.deadletter(msg.topic, msg.partition, msg.offset, msg.key, msg.value or b"", str(exc))
+            await self.deadletter(
+                Letter(msg.topic, msg.partition, msg.offset, msg.key, msg.value or b"", str(exc))
+            )
             return
         finally:
             c.observe("stage.validate.latency_ms", (time.perf_counter() - t0) * 1000.0)
         sent = self.dead.count
         await self.on_trajectories(msg, items)
         if self.dead.count != sent:  # a batch's bad trajectories: one wait for all their dead letters
-            await self.flush_dead()
+            await self.sink.flush_dead()
 
     async def on_trajectories(self, msg: Any, items: list[tuple[bytes, Trajectory | RecordError]]) -> None:
         """The trajectories of the record `msg`, each with its bytes, checked or why it was refused
@@ -144,13 +170,13 @@ class StreamsRuntime(Emitter):
             if isinstance(traj, RecordError):  # one bad trajectory of a batch: dead-lettered alone
                 c.inc("stage.validate.deadlettered")
                 await self.deadletter(
-                    msg.topic, msg.partition, msg.offset, msg.key, raw, str(traj), wait=False
+                    Letter(msg.topic, msg.partition, msg.offset, msg.key, raw, str(traj)), wait=False
                 )
                 continue
             c.inc("stage.validate.out")
             self.pipeline.ctx.versions.observe(traj)
             c.inc("stage.group.in")
-            if traj.group_id in self.emitting:  # its group's Samples are being produced without it
+            if traj.group_id in self.emitter.emitting:  # its group's Samples are being produced without it
                 meta = self.collector.groups.get(traj.group_id) or {}
                 outcome = "duplicate" if traj.traj_id in meta.get("ids", ()) else "late"
                 c.inc(f"stage.group.dropped.{outcome}")
@@ -163,14 +189,9 @@ class StreamsRuntime(Emitter):
         for (traj, raw), result in zip(kept, added, strict=True):
             if result.outcome == "inconsistent":
                 c.inc("stage.group.deadlettered")
+                reason = f"Trajectory {traj.traj_id}: {result.reason}"
                 await self.deadletter(
-                    msg.topic,
-                    msg.partition,
-                    msg.offset,
-                    msg.key,
-                    raw,
-                    f"Trajectory {traj.traj_id}: {result.reason}",
-                    wait=False,
+                    Letter(msg.topic, msg.partition, msg.offset, msg.key, raw, reason), wait=False
                 )
             elif result.outcome in ("duplicate", "late"):
                 c.inc(f"stage.group.dropped.{result.outcome}")
@@ -179,7 +200,7 @@ class StreamsRuntime(Emitter):
                 self.cache[traj.traj_id] = traj
                 self.arrived[traj.group_id] = now
         if any(result.ready for result in added):
-            self.enqueue(kept[0][0].group_id, "complete")
+            self.emitter.enqueue(kept[0][0].group_id, "complete")
 
     # ---------------------------------------------------------------- sweep
 
@@ -265,11 +286,11 @@ class StreamsRuntime(Emitter):
         await self.watchdog()
         for gid, action in self.collector.due(time.time(), self.assigned_partitions()):
             if action == "expire":
-                if gid not in self.emitting:
+                if gid not in self.emitter.emitting:
                     self.collector.forget(gid)
                     self.written()
             else:
-                self.enqueue(gid, action)
+                self.emitter.enqueue(gid, action)
         self.counters.gauge("groups.pending", self.collector.pending())
         self.counters.gauge(
             "trajectories.pending",
