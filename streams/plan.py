@@ -171,15 +171,17 @@ def route(sample: Sample, routes: Routes) -> Routed:
 
 
 def pack(samples: list[Routed], policies: frozenset[str], halves: bool = False) -> list[Outgoing]:
-    """The records Samples go out in: one SampleBatch per group and policy (split at BATCH_BYTES).
-    `halves` (the mid_emit failpoint) packs the first and the second half of the Samples apart, so
-    that dying between them leaves some of them on the topics, as a group of two policies can."""
+    """The records Samples go out in: one SampleBatch per group and policy (split at BATCH_BYTES),
+    each to the partition its group_id routes to. `halves` (the mid_emit failpoint) packs the first
+    and the second half of the Samples apart, so that dying between them leaves some of them on the
+    topics, as a group of two policies can."""
     cut = len(samples) // 2
     chunks = [samples[:cut], samples[cut:]] if halves and len(samples) > 1 else [samples]
     out = []
     for chunk in chunks:
-        parts = {r.policy: (r.topic, r.partition) for r in chunk}
+        # by group and policy: a reused copy in the chunk has a key, and so a partition, of its own
+        where = {(r.key, r.policy): r for r in chunk}
         for batch in sample_batches([r.sample for r in chunk], BATCH_BYTES, policies):
-            topic, partition = parts[batch.policy]
-            out.append(Outgoing(batch.policy, topic, partition, batch.group_id.encode(), batch))
+            r = where[(batch.group_id.encode(), batch.policy)]
+            out.append(Outgoing(r.policy, r.topic, r.partition, r.key, batch))
     return out

@@ -191,3 +191,15 @@ def test_samples_are_packed_one_record_per_group_and_policy_and_halved_for_the_f
         ("a", 1),
         ("b", 1),
     ]
+
+
+def test_each_record_goes_to_the_partition_of_its_own_group_id() -> None:
+    p = pipeline(("grpo", GRPO()), ("replay", Replay(times=1, delay=1)))
+    plan(trajs("t0", TWO), p)
+    second = plan(trajs("t1", TWO), p)  # t1's Samples and t0's copy, in one emission
+    records = pack(second.samples, frozenset({"a", "b"}))
+    assert sorted((o.key, o.policy, o.partition) for o in records) == sorted(
+        (gid.encode(), policy, partition_for(gid, ROUTES.partitions[policy]))
+        for gid in ("t1#0", "t0#0~r1")
+        for policy in ("a", "b")
+    )
