@@ -15,8 +15,12 @@ adapter whose writes name their changelog partition.
   for good, so that every `log.debug` in faust and aiokafka built a LogRecord that the handlers
   then dropped (~8% of the streams worker's CPU in a training run).
 - `make_table`: a faust Table whose changelog really uses the codecs it is given.
-- `check_versions`: the app refuses a faust-streaming or aiokafka release that these overrides of
-  their private code were not checked against (`TESTED`), instead of breaking silently.
+- `check_versions`: the app refuses a faust-streaming, mode-streaming or aiokafka release that these
+  overrides of their private code were not checked against (`TESTED`), or one without a private
+  method they override or call (`LEANED_ON`), instead of breaking silently.
+
+Every override of private faust, mode or aiokafka code lives in this module, and says at the
+override which faust bug or limitation it works around.
 - `FaustTable`: the `Table` protocol of streams/grouping.py over a faust Table. Faust's own
   `table[key] = value` takes the changelog partition from the current event and so refuses to
   work in a timer; the group timeout sweep runs in a timer, and every group entry already knows
@@ -32,20 +36,39 @@ from typing import Any
 
 import faust
 import msgpack
+from aiokafka.producer.message_accumulator import MessageAccumulator
 from faust.serializers import codecs
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 #: The releases whose internals the overrides here were read against and the crash tests ran with.
-#: `_StrictConsumer` (offsets: `_new_offset`, `_committed_offset`, `_acked`), `_IdempotentProducer`
-#: (`buffer`, aiokafka's `_message_accumulator.flush_for_commit`), `make_table`
-#: (`_new_changelog_topic`) and `QuietWorker` (`_sentinel_task`) lean on private code that a new
-#: release may move without a word; the exactly-once protocol would then break silently.
-TESTED = {"faust-streaming": ("0.15.3",), "aiokafka": ("0.13", "0.14")}
+#: `_IdempotentProducer` (`_settings_extra`, `buffer`, `_producer`, aiokafka's
+#: `_message_accumulator.flush_for_commit`), `_StrictConsumer` (`_new_offset`, `_gap`, `_acked`,
+#: `_acked_index`, `_committed_offset`), `AstraFaustApp` (`_new_transport`,
+#: `_new_producer_transport`), `QuietWorker` (mode's `_sentinel_task`, `_crash`, `_stopped`) and
+#: `make_table` (`_new_changelog_topic`) lean on private code that a new release may move without
+#: a word; the exactly-once protocol would then break silently.
+TESTED = {"faust-streaming": ("0.15.3",), "mode-streaming": ("0.7.1",), "aiokafka": ("0.13", "0.14")}
+
+#: The private methods overridden or called here, on the classes that define them: a release that
+#: drops one would turn its override into dead code (instance attributes are covered by `TESTED`).
+LEANED_ON = (
+    (faust_aiokafka.Producer, "_settings_extra"),
+    (faust_aiokafka.Consumer, "_new_offset"),
+    (faust.App, "_new_transport"),
+    (faust.App, "_new_producer_transport"),
+    (faust.Worker, "_sentinel_task"),
+    (faust.Worker, "_crash"),
+    (faust.Table, "_new_changelog_topic"),
+    (MessageAccumulator, "flush_for_commit"),
+)
 
 
-def check_versions(installed: dict[str, str] | None = None) -> None:
-    """Refuse to run on a faust-streaming or aiokafka release these overrides were not checked
-    against (`TESTED`), naming it: review the overrides against it, then add it to `TESTED`."""
+def check_versions(
+    installed: dict[str, str] | None = None, leaned_on: tuple[tuple[type, str], ...] = LEANED_ON
+) -> None:
+    """Refuse to run on a faust-streaming, mode-streaming or aiokafka release these overrides were
+    not checked against (`TESTED`), naming it: review the overrides against it, then add it to
+    `TESTED`. Refuse as well if a private method they rely on is gone."""
     from astraflow.errors import ConfigError
 
     for package, releases in TESTED.items():
@@ -55,6 +78,12 @@ def check_versions(installed: dict[str, str] | None = None) -> None:
                 f"streams: {package} {version} is installed, but streams/faust_glue.py overrides private "
                 f"code of {package} {' or '.join(releases)} (the commit protocol, the producer's flush, the "
                 f"tables' codecs): check those overrides against {version}, then add it to TESTED there"
+            )
+    for owner, name in leaned_on:
+        if not callable(getattr(owner, name, None)):
+            raise ConfigError(
+                f"streams: {owner.__module__}.{owner.__qualname__}.{name} is gone, and streams/faust_glue.py "
+                f"overrides or calls it: port the override to the installed release"
             )
 
 
@@ -73,6 +102,10 @@ def register_codec() -> None:
 
 class _IdempotentProducer(faust_aiokafka.Producer):
     def _settings_extra(self) -> Any:
+        """faust 0.15.3 (`Producer._settings_extra`) asks for acks=all and idempotence only inside
+        a transaction (processing_guarantee exactly_once, which the streams do not use: the
+        protocol of streams/emit.py does without transactions); otherwise a produce request that
+        is retried after a lost answer could append a Sample twice."""
         return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
 
     async def flush(self) -> None:
@@ -145,12 +178,14 @@ class _StrictConsumer(faust_aiokafka.Consumer):
         return offset
 
     def last_committed(self, tp: Any) -> int | None:
-        """The offset this consumer last committed for `tp` (faust's own record of it)."""
+        """The offset this consumer last committed for `tp` (faust's own record of it, the private
+        `_committed_offset`: faust 0.15.3 has no public read of it, and `StreamsRuntime.watchdog`
+        needs it to find the records faust lost around a rebalance)."""
         return self._committed_offset.get(tp)
 
     def assume_committed(self, tp: Any, offset: int) -> None:
-        """Count `offset` as committed for `tp`: the records below it are gone (deleted by
-        retention), so `_new_offset` must not wait for them."""
+        """Count `offset` as committed for `tp` (in faust's private `_committed_offset`): the records
+        below it are gone (deleted by retention), so `_new_offset` must not wait for them."""
         self._committed_offset[tp] = offset
 
     async def perform_seek(self) -> None:
@@ -171,7 +206,9 @@ class _Transport(faust_aiokafka.Transport):
 
 
 class AstraFaustApp(faust.App):
-    """faust.App with an idempotent producer whose flush really flushes."""
+    """faust.App with an idempotent producer whose flush really flushes, and a consumer that commits
+    only what was processed. faust 0.15.3 has no setting for its transport's Producer and Consumer
+    classes: the private factories of the app's transports are the one place to put ours."""
 
     def _new_transport(self) -> Any:
         return _Transport(self.conf.broker_consumer, self)
@@ -198,7 +235,9 @@ class QuietWorker(faust.Worker):
         self.crashed_while_stopping = False
 
     def _crash(self, reason: BaseException) -> None:
-        # mode marks every node up to the worker as crashed when a child service crashes
+        # mode marks every node up to the worker as crashed when a child service crashes; mode
+        # 0.7.1 keeps no record of whether that happened during the stop, which `_sentinel_task`
+        # needs to tell the stop's own race from a crash
         self.crashed_while_stopping = self._stopped.is_set()
         super()._crash(reason)
 

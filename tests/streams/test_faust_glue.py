@@ -1,4 +1,6 @@
-"""The Faust worker the streams CLI runs leaves the root logger at the requested level."""
+"""The overrides of faust's private code (streams/faust_glue.py): the worker the streams CLI runs
+leaves the root logger at the requested level and tells a stop's race from a crash, and the app
+refuses releases the overrides were not checked against."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import pytest
 from faust.exceptions import NotReady
 
 from astraflow.errors import ConfigError
-from streams.faust_glue import QuietWorker, check_versions, is_stop_race
+from streams.faust_glue import LEANED_ON, QuietWorker, check_versions, is_stop_race
 
 
 @pytest.fixture
@@ -87,11 +89,23 @@ def test_the_installed_faust_and_aiokafka_are_ones_the_overrides_were_checked_ag
 
 @pytest.mark.parametrize(
     ("installed", "named"),
-    [({"faust-streaming": "0.16.0"}, "faust-streaming 0.16.0"), ({"aiokafka": "0.15.1"}, "aiokafka 0.15.1")],
+    [
+        ({"faust-streaming": "0.16.0"}, "faust-streaming 0.16.0"),
+        ({"mode-streaming": "0.8.0"}, "mode-streaming 0.8.0"),
+        ({"aiokafka": "0.15.1"}, "aiokafka 0.15.1"),
+    ],
 )
 def test_another_release_is_refused_by_name(installed, named):
     with pytest.raises(ConfigError, match=named):
         check_versions(installed)
+
+
+def test_a_release_without_a_private_method_an_override_relies_on_is_refused_by_name():
+    class Consumer:  # a release whose consumer moved `_new_offset`
+        pass
+
+    with pytest.raises(ConfigError, match=r"test_faust_glue\..*Consumer\._new_offset is gone"):
+        check_versions(leaned_on=(*LEANED_ON, (Consumer, "_new_offset")))
 
 
 def _worker_that_crashed(stopping: bool, reason: BaseException) -> QuietWorker:
