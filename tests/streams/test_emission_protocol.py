@@ -14,13 +14,14 @@ from typing import Any
 
 import pytest
 
+from astraflow.config.streams import GroupConfig
 from astraflow.records import Trajectory, encode
 from streams.advantages import GRPO
 from streams.api import Group, Stage, StageContext
 from streams.emission import Emitter
 from streams.emit import partition_for
 from streams.filters import ZeroVariance
-from streams.grouping import DONE, INTENT, GroupCollector, GroupStage
+from streams.grouping import DONE, INTENT, GroupCollector
 from streams.pipeline import Pipeline
 from streams.plan import Routes
 from streams.stats import TaskState, TaskStatsStage, fold
@@ -42,7 +43,7 @@ ROUTES = Routes(
     samples={"a": "ns.samples.a", "b": "ns.samples.b"},
     partitions={"a": 3, "b": 2},
 )
-STAGE = GroupStage(timeout_s=60.0, on_timeout="drop")
+STAGE = GroupConfig(timeout_s=60.0, on_timeout="drop")
 NOW = 1_000.0  # every group is past its timeout: the incomplete one is dropped
 
 

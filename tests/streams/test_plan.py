@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 
+from astraflow.config.streams import GroupConfig
 from astraflow.records import Trajectory, encode
 from streams.advantages import GRPO
 from streams.api import Group, Stage, StageContext
 from streams.emit import partition_for
 from streams.filters import ZeroVariance
-from streams.grouping import INTENT, PENDING, GroupStage, OpenGroup
+from streams.grouping import INTENT, PENDING, OpenGroup
 from streams.pipeline import Pipeline
 from streams.plan import Letter, Routes, pack, plan_emission
 from streams.reuse import Replay
@@ -38,7 +39,7 @@ def pipeline(*stages: tuple[str, Any]) -> Pipeline:
     for _, stage in stages:
         if hasattr(stage, "setup"):
             stage.setup(ctx)
-    return Pipeline(validate=Validate(), group=GroupStage(), stages=list(stages), ctx=ctx)
+    return Pipeline(validate=Validate(), group=GroupConfig(), stages=list(stages), ctx=ctx)
 
 
 def trajs(task: str, rewards: list[dict[str, float]]) -> list[Trajectory]:
