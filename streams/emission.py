@@ -11,8 +11,12 @@ that makes a crash at any point lose no Sample and duplicate none (the protocol 
    wrote is read back, and only its Samples that are not on the topics remain to be produced;
 3. every intent is acknowledged before any Sample is produced;
 4. the Samples and task summaries of every group are produced, and all acknowledged;
-5. only then is each group marked done (its bodies deleted), durable by the flush before the
-   next offset commit.
+5. only then is each group marked done, durable by the flush before the next offset commit;
+6. its bodies are deleted once that tombstone is acknowledged (`delete_done_bodies`: by the next
+   batch, after its Samples' acknowledgements, which cover the tombstones written before them,
+   or by the runtime's next sweep). A crash that keeps the deletes keeps the tombstone; one that
+   keeps the tombstone but loses the deletes leaves bodies that no group needs, deleted when
+   the tables are next recovered (`delete_orphans`).
 
 A batch pays the protocol's two awaited round trips (3 and 4) once for all its groups; one group
 at a time, the groups of a training step queued behind each other's round trips.
@@ -41,11 +45,12 @@ log = logging.getLogger(__name__)
 
 def failpoint_from_env() -> tuple[str, int] | None:
     """Fault injection for the crash tests: ASTRAFLOW_STREAMS_FAILPOINT=mid_emit:N (SIGKILL after the
-    first half of the N-th emitted group's Samples are acknowledged) or after_emit:N (after all the Samples
-    of the N-th group's batch are, before any group of the batch is marked done)."""
+    first half of the N-th emitted group's Samples are acknowledged), after_emit:N (after all the Samples
+    of the N-th group's batch are, before any group of the batch is marked done) or before_delete:N
+    (once the done tombstones of N groups are acknowledged, before the bodies of the last are deleted)."""
     spec = os.environ.get("ASTRAFLOW_STREAMS_FAILPOINT", "")
     where, _, n = spec.partition(":")
-    return (where, int(n)) if where in ("mid_emit", "after_emit") and n.isdigit() else None
+    return (where, int(n)) if where in ("mid_emit", "after_emit", "before_delete") and n.isdigit() else None
 
 
 class Emitter:
@@ -72,7 +77,12 @@ class Emitter:
         self.failpoint = failpoint
         self.queue: dict[str, str] = {}  # gid -> action, in the order queued
         self.emitting: set[str] = set()
+        # gid -> (the deliveries of its done tombstone, its partition, its body keys): the groups
+        # marked done whose bodies wait for the tombstone's acknowledgement; emptied by every batch
+        # and every sweep, so it holds at most the groups done since then
+        self.unacked: dict[str, tuple[list[Any], int, list[str]]] = {}
         self.emissions = 0  # groups whose Samples were produced (the failpoints count them)
+        self.tombstones_acked = 0  # groups whose done tombstones were acknowledged (before_delete)
         self._wake = asyncio.Event()
 
     def enqueue(self, gid: str, action: str) -> None:
@@ -132,6 +142,7 @@ class Emitter:
             futures += await self._send_summaries(e.summaries)
         await self.sink.send_now()
         await asyncio.gather(*futures)
+        await self.delete_done_bodies()  # the tombstones written before the send are acknowledged
         done = time.time()
         for e, number in zip(emissions, numbers, strict=True):
             if e.samples:
@@ -238,5 +249,31 @@ class Emitter:
         for tid in meta["ids"]:
             self.cache.pop(tid, None)
         self.arrived.pop(gid, None)
-        self.collector.mark_done(gid, time.time())
+        keys = self.collector.mark_done(gid, time.time())
+        self.unacked[gid] = (self.sink.written(), meta["p"], keys)
+
+    async def delete_done_bodies(self) -> None:
+        """Delete the bodies of the groups marked done, once their tombstones are acknowledged
+        (never before: step 6 of the protocol above). The deletes are durable by the flush before
+        the next offset commit; the ones a crash loses are orphans for `delete_orphans`."""
+        waiting = list(self.unacked.items())
+        if not waiting:
+            return
+        await asyncio.gather(*(delivery for _, (deliveries, _, _) in waiting for delivery in deliveries))
+        before, self.tombstones_acked = self.tombstones_acked, self.tombstones_acked + len(waiting)
+        where, number = self.failpoint or ("", 0)
+        if where == "before_delete" and before < number <= self.tombstones_acked:
+            await self._maybe_fail(where, number, waiting[-1][0], [])
+        for gid, (_, partition, keys) in waiting:
+            if self.unacked.pop(gid, None) is not None:  # not deleted by a concurrent call meanwhile
+                self.collector.delete_bodies(gid, keys, partition)
         self.sink.written()
+
+    async def delete_orphans(self, partitions: set[int] | None = None) -> int:
+        """Once the tables of `partitions` (all if None) are recovered: delete the bodies that a crash
+        left to groups already done (`GroupCollector.delete_orphans`), and wait for the deletes'
+        acknowledgement, so that no group is forgotten while the delete of one of its bodies could
+        still be lost (that body would then stay for ever: no tombstone would tell its partition)."""
+        deleted = self.collector.delete_orphans(partitions, unacked=self.unacked)
+        await asyncio.gather(*self.sink.written())
+        return deleted

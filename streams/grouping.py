@@ -15,7 +15,9 @@ encoded) exactly these dicts, in this key order, so a restarted worker reads wha
 Life of a group: `pending` while trajectories arrive (a repeated traj_id is dropped as
 `duplicate`); when it holds `group_size` distinct trajectories, or its timeout passes, the app
 writes `intent` (flushed to the changelog before any Sample is produced), produces the Samples,
-then marks it `done` and deletes its bodies. A trajectory of a `done` group is dropped as `late`;
+then marks it `done` and, once that tombstone is acknowledged, deletes its bodies (`mark_done`:
+the tables have changelogs of their own, so the other order let a crash keep the deletes and lose
+the tombstone). A trajectory of a `done` group is dropped as `late`;
 `done` entries are forgotten after `dedupe_ttl_s`. An `intent` found after a restart means the
 previous run may have produced some of the Samples: the app reads them back before producing the
 rest (see streams/emit.py). This module only decides; it never talks to Kafka.
@@ -23,14 +25,15 @@ rest (see streams/emit.py). This module only decides; it never talks to Kafka.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Literal, NotRequired, Protocol, TypedDict
 
 import msgpack
 
 from astraflow.config.streams import GroupConfig
-from astraflow.records import Trajectory
+from astraflow.errors import RecordError
+from astraflow.records import Trajectory, decode
 
 PENDING: Final = "pending"
 INTENT: Final = "intent"
@@ -77,6 +80,16 @@ def is_run(body: bytes | None) -> bool:
 
 def unpack_run(body: bytes) -> list[bytes]:
     return list(msgpack.unpackb(body, raw=False, use_list=True))
+
+
+def group_of(body: bytes) -> str | None:
+    """The group_id of a body entry's trajectories (None: unreadable, which no entry written by
+    `add_record` is)."""
+    first = (unpack_run(body) or [b""])[0] if is_run(body) else body
+    try:
+        return decode(first, Trajectory).group_id
+    except RecordError:
+        return None
 
 
 class Table(Protocol):
@@ -270,13 +283,53 @@ class GroupCollector:
         self.groups.set(gid, meta, meta["p"])
         return meta
 
-    def mark_done(self, gid: str, now: float) -> None:
-        """Emitted (or dropped): keep a small tombstone for dedupe; delete the bodies."""
+    def mark_done(self, gid: str, now: float) -> list[str]:
+        """Emitted (or dropped): keep a small tombstone for dedupe. Returns the keys of the group's
+        body entries, for `delete_bodies` once the tombstone is acknowledged, not before: the two
+        tables have changelogs of their own, and a crash that kept the deletes but lost the
+        tombstone left the group open without its trajectories, waiting for ever for the
+        re-delivery of records whose offsets were committed long before."""
         meta: OpenGroup = self.groups.get(gid)
-        for tid in meta["ids"]:
-            if self.bodies.get(tid) is not None:  # one delete per body entry
-                self.bodies.delete(tid, meta["p"])
+        keys = [tid for tid in meta["ids"] if self.bodies.get(tid) is not None]
         self.groups.set(gid, DoneGroup(p=meta["p"], state=DONE, at=now), meta["p"])
+        return keys
+
+    def delete_bodies(self, gid: str, keys: Iterable[str], partition: int) -> int:
+        """Delete the body entries `keys` of the done group `gid` (one delete per entry still
+        there); none if the group is open again (forgotten, then sent anew: they are its own)."""
+        meta = self.meta(gid)
+        if meta is not None and meta["state"] != DONE:
+            return 0
+        deleted = 0
+        for key in keys:
+            if self.bodies.get(key) is not None:
+                self.bodies.delete(key, partition)
+                deleted += 1
+        return deleted
+
+    def delete_orphans(self, partitions: set[int] | None = None, unacked: Container[str] = ()) -> int:
+        """Delete the body entries a crash left behind: those of a done group (in `partitions`, all
+        if None) that no open group refers to. A crash after a tombstone was durable and before
+        the deletes were leaves them; a tombstone not yet acknowledged (its group in `unacked`)
+        keeps them, as does a group that is unknown or open: its meta's write was lost with a
+        record that was never committed, whose re-delivery writes the entry again. Run once the
+        tables are recovered; returns how many entries it deleted."""
+        referenced = {
+            tid
+            for _, meta in self.metas()
+            if meta is not None and meta["state"] != DONE
+            for tid in meta["ids"]
+        }
+        deleted = 0
+        for key, body in self.bodies.items():
+            if key in referenced or not body:
+                continue
+            gid = group_of(body)
+            meta = self.meta(gid) if gid is not None and gid not in unacked else None
+            if meta is not None and meta["state"] == DONE and (partitions is None or meta["p"] in partitions):
+                self.bodies.delete(key, meta["p"])
+                deleted += 1
+        return deleted
 
     def forget(self, gid: str) -> None:
         meta = self.meta(gid)

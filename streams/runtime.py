@@ -4,8 +4,10 @@ the pure algorithms.
 - `on_record`: validate each trajectory of a record (one, or a worker's batch of one group's; bad ->
   `deadletter`), add them to the group table (two writes a record), queue the group for emission
   when complete.
-- `sweep` (a timer): queue groups whose timeout passed, or that became complete without a new
-  event (after a restart), and forget emitted groups past their dedupe TTL.
+- `sweep` (a timer): once the tables of newly assigned partitions are recovered, delete the bodies a
+  crash left to groups already done; queue groups whose timeout passed, or that became complete
+  without a new event (after a restart); forget emitted groups past their dedupe TTL; delete the
+  bodies of groups whose done tombstones are acknowledged (streams/emission.py, step 6).
 - `emitter` (a task, streams/emission.py): emits the queued groups in batches, through the Kafka
   sink of streams/sink.py.
 
@@ -102,6 +104,7 @@ class StreamsRuntime:
         self.last_event = time.monotonic()
         self._was_ready = False
         self._seen_ends: tuple[float, dict[Any, int], float] = (0.0, {}, 0.0)  # the watchdog's last look
+        self._orphans_deleted: set[int] = set()  # the assigned partitions whose orphan bodies are gone
         tables = [t for t in (collector.bodies, collector.groups, stats_table) if hasattr(t, "written")]
         self.sink = KafkaSink(
             app, topics.samples, topics.task_updates, tables, self.dead, self.publisher, settings
@@ -284,9 +287,17 @@ class StreamsRuntime:
         if not self._ready_for_sweep():
             return
         await self.watchdog()
-        for gid, action in self.collector.due(time.time(), self.assigned_partitions()):
+        assigned = self.assigned_partitions()
+        if assigned - self._orphans_deleted:  # at start-up, and after a rebalance brought partitions
+            deleted = await self.emitter.delete_orphans(assigned - self._orphans_deleted)
+            if deleted:
+                log.info("deleted %d body entries a crash left to groups already done", deleted)
+                self.counters.inc("bodies.orphans_deleted", deleted)
+        self._orphans_deleted = assigned
+        for gid, action in self.collector.due(time.time(), assigned):
             if action == "expire":
-                if gid not in self.emitter.emitting:
+                # a done group whose bodies wait for its tombstone's ack is kept until they are gone
+                if gid not in self.emitter.emitting and gid not in self.emitter.unacked:
                     self.collector.forget(gid)
                     self.written()
             else:
@@ -300,6 +311,7 @@ class StreamsRuntime:
                 if m is not None and m["state"] != DONE
             ),
         )
+        await self.emitter.delete_done_bodies()  # when no batch follows to do it
 
     # ---------------------------------------------------------------- task stats
 

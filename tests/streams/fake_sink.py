@@ -11,8 +11,8 @@ confluent-kafka, whose own thread sends them at once; `flush_dead` makes them du
 `crash_at=k` kills the process as its k-th step (a write, an await, a read-back) starts. The
 buffered records die with it; of the ones in flight, `keep` decides which reached the broker
 anyway. Records of different topics travel in different produce requests, so any split is
-possible; the four of `KEEP` are the extremes (none, all, only table changelogs, only topic
-records).
+possible; the five of `KEEP` are the extremes (none, all, only table changelogs, only topic
+records) and the split between the two tables of streams/grouping.py (only the bodies' changelog).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ KEEP: dict[str, Callable[[Write], bool]] = {
     "all": lambda w: True,
     "tables": lambda w: w.topic.startswith(CHANGELOG),
     "records": lambda w: not w.topic.startswith(CHANGELOG),
+    "bodies": lambda w: w.topic == CHANGELOG + "bodies",
 }
 
 

@@ -84,6 +84,27 @@ def test_sigkill_inside_an_emission_then_restart(streams_harness) -> None:  # ty
     assert h.stop(w2) == 0
 
 
+def test_sigkill_between_the_tombstones_and_the_deletes_of_the_bodies(streams_harness) -> None:  # type: ignore[no-untyped-def]
+    """The done tombstones of a batch are acknowledged, their bodies not yet deleted: the restarted
+    worker finds the groups done and deletes their bodies (none left on the bodies' changelog)."""
+    h = streams_harness(["policy"], PIPELINE, group=GROUP)
+    w = h.start(extra_env={"ASTRAFLOW_STREAMS_FAILPOINT": "before_delete:3"})
+    h.send(groups(0, 6, interleave=False))
+    assert w.proc.wait(60) == -signal.SIGKILL
+    assert "failpoint before_delete:3" in w.text()
+    w1 = h.start()
+    assert_exactly_once(h, 6)
+    values = h.last_metrics("w1", until=lambda v: v.get("bodies.orphans_deleted", 0) >= 1)
+    assert values.get("bodies.orphans_deleted", 0) >= 1, w1.text()[-3000:]
+    assert "body entries a crash left to groups already done" in w1.text()
+    h.last_metrics("w1", until=lambda v: v.get("groups.pending") == 0)
+    assert h.stop(w1) == 0  # its last deletes flushed
+    bodies: dict[bytes, bytes | None] = {}
+    for msg in h.read("streams-bodies-changelog", settle=1.0):
+        bodies[msg.key()] = msg.value()
+    assert bodies and not {k: v for k, v in bodies.items() if v is not None}  # every entry deleted
+
+
 def test_random_sigkills_while_data_flows(streams_harness) -> None:  # type: ignore[no-untyped-def]
     h = streams_harness(["policy"], PIPELINE, group=GROUP)
     n_groups = 120

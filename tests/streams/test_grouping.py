@@ -47,9 +47,9 @@ def test_intent_then_done_keeps_a_tombstone_and_drops_late_trajectories() -> Non
     meta = c.mark_intent("t0#0", at=2.0, targets=[("ns.samples.policy", 1)])
     assert meta["state"] == INTENT and meta["targets"] == [["ns.samples.policy", 1]]
     assert c.due(now=2.5) == [("t0#0", "complete")]  # an intent is still owed
-    c.mark_done("t0#0", now=3.0)
+    assert c.mark_done("t0#0", now=3.0) == ["t0#0#0", "t0#0#1"]  # the bodies, deleted once it is acked
     assert c.groups.get("t0#0") == {"p": 3, "state": DONE, "at": 3.0}
-    assert c.bodies.data == {}
+    assert c.delete_bodies("t0#0", ["t0#0#0", "t0#0#1"], 3) == 2 and c.bodies.data == {}
     assert c.add(t[0], encode(t[0]), 3, 4.0).outcome == "late"
     assert c.due(now=50.0) == []
     assert c.due(now=103.0) == [("t0#0", "expire")]
@@ -109,7 +109,9 @@ def test_a_record_of_several_trajectories_costs_two_writes_and_its_bodies_read_b
     assert all(a.ready for a in last)
     assert c.bodies_of("t0#0") == [(x.traj_id, encode(x)) for x in t]
     assert c.groups.get("t0#0")["offs"] == [7, 7, 9, 9]
-    c.mark_done("t0#0", 3.0)
+    keys = c.mark_done("t0#0", 3.0)
+    assert not [v for _, v, _ in c.bodies.writes if v is None]  # no delete before the tombstone's ack
+    c.delete_bodies("t0#0", keys, 2)
     deletes = [(k, p) for k, v, p in c.bodies.writes if v is None]
     assert deletes == [("t0#0#0", 2), ("t0#0#2", 2)] and c.bodies.data == {}  # one delete per entry
 
@@ -132,3 +134,42 @@ def test_a_record_of_trajectories_of_two_groups_is_refused() -> None:
     c = collector()
     with pytest.raises(ValueError, match="one group"):
         c.add_record([(make_traj("a", 0), b""), (make_traj("b", 0), b"")], 0, 1.0)
+
+
+def test_the_bodies_of_a_group_open_again_are_not_deleted() -> None:
+    c = collector(dedupe_ttl_s=0.0)
+    t = make_traj("t0", 0, group_size=2)
+    c.add(t, encode(t), 1, 1.0)
+    keys = c.mark_done("t0#0", 2.0)
+    c.forget("t0#0")  # expired before the tombstone's ack (a TTL of 0), then sent anew
+    c.add(t, encode(t), 1, 3.0)
+    assert c.delete_bodies("t0#0", keys, 1) == 0 and c.bodies_of("t0#0") == [(t.traj_id, encode(t))]
+
+
+def test_orphans_are_the_bodies_of_done_groups_only() -> None:
+    """What a restart finds after crashes: the tombstone of `done` durable, its bodies' deletes lost;
+    `meta_lost`'s body durable, its meta's write lost with a record not yet committed; `open`'s
+    second record's body durable and its meta's update lost. Only `done`'s bodies are orphans:
+    the re-deliveries of the others write their entries again."""
+    c = collector()
+    done = [make_traj("done", i, group_size=3) for i in range(3)]
+    c.add_record([(x, encode(x)) for x in done[:2]], 4, 1.0)
+    c.add(done[2], encode(done[2]), 4, 1.0)
+    c.mark_done("done#0", 2.0)  # its bodies not deleted: the crash lost the deletes
+    unacked = make_traj("unacked", 0, group_size=1)
+    c.add(unacked, encode(unacked), 4, 1.0)
+    c.mark_done("unacked#0", 2.0)  # the tombstone not acknowledged yet: its bodies stay
+    lost = make_traj("meta_lost", 0, group_size=2)
+    c.bodies.set(lost.traj_id, encode(lost), 0)
+    opened = [make_traj("open", i, group_size=3) for i in range(2)]
+    c.add(opened[0], encode(opened[0]), 0, 1.0)
+    c.bodies.set(opened[1].traj_id, encode(opened[1]), 0)
+    other = make_traj("other", 0, group_size=1)
+    c.add(other, encode(other), 7, 1.0)
+    c.mark_done("other#0", 2.0)
+    before = set(c.bodies.data)
+    assert c.delete_orphans({4}, unacked={"unacked#0"}) == 2  # partition 7 is not ours
+    assert before - set(c.bodies.data) == {"done#0#0", "done#0#2"}
+    assert [(k, p) for k, v, p in c.bodies.writes if v is None] == [("done#0#0", 4), ("done#0#2", 4)]
+    assert c.delete_orphans(unacked={"unacked#0"}) == 1 and "other#0#0" not in c.bodies.data
+    assert c.delete_orphans() == 1 and set(c.bodies.data) == {"meta_lost#0#0", "open#0#0", "open#0#1"}
