@@ -18,8 +18,9 @@ that makes a crash at any point lose no Sample and duplicate none (the protocol 
    keeps the tombstone but loses the deletes leaves bodies that no group needs, deleted when
    the tables are next recovered (`delete_orphans`).
 
-A batch pays the protocol's two awaited round trips (3 and 4) once for all its groups; one group
-at a time, the groups of a training step queued behind each other's round trips.
+A batch pays the protocol's two awaited round trips (3 and 4) once for all its groups (the wait of
+6 costs none of its own); one group at a time, the groups of a training step queued behind each
+other's round trips.
 """
 
 from __future__ import annotations

@@ -9,7 +9,14 @@ closes it:
 1. before producing anything for a group, record `intent` (time, target topic-partitions) in the
    group table and flush the changelog;
 2. produce the Samples (explicit partitions: murmur2 of the group_id) and wait for every ack;
-3. mark the group `done` and delete its trajectories (flushed before the next offset commit).
+3. mark the group `done` (flushed before the next offset commit), and only once that tombstone
+   is acknowledged delete its trajectories.
+
+The tombstone and the trajectories live in two tables, each with a changelog topic of its own, so a
+crash may keep the writes of either without the other's. Deletes first, it could keep the deletes
+and lose the tombstone: the group open, its trajectories gone, their offsets long committed; it
+waited for a re-delivery that never came. Tombstone first, a crash leaves at worst the trajectories
+of a done group, which a worker deletes once its tables are recovered.
 
 A worker that finds a group in `intent` (the previous one died between 1 and 3) reads the target
 partitions back from the intent's time onwards (`read_back`, opening SampleBatch records) and

@@ -17,10 +17,10 @@ Life of a group: `pending` while trajectories arrive (a repeated traj_id is drop
 writes `intent` (flushed to the changelog before any Sample is produced), produces the Samples,
 then marks it `done` and, once that tombstone is acknowledged, deletes its bodies (`mark_done`:
 the tables have changelogs of their own, so the other order let a crash keep the deletes and lose
-the tombstone). A trajectory of a `done` group is dropped as `late`;
-`done` entries are forgotten after `dedupe_ttl_s`. An `intent` found after a restart means the
-previous run may have produced some of the Samples: the app reads them back before producing the
-rest (see streams/emit.py). This module only decides; it never talks to Kafka.
+the tombstone). A trajectory of a `done` group is dropped as `late`; `done` entries are forgotten
+after `dedupe_ttl_s`. An `intent` found after a restart means the previous run may have produced
+some of the Samples: the app reads them back before producing the rest (see streams/emit.py).
+This module only decides; it never talks to Kafka.
 """
 
 from __future__ import annotations

@@ -17,10 +17,10 @@ writes is decided here, from the group, its table entry and the pipeline:
   on it, or it was dropped at its timeout), since the feeder then counts it consumed;
 - the counters of those decisions.
 
-Every outcome ends with the group marked `done` and its bodies deleted. Nothing here touches Kafka,
-Faust or the clock; it runs the pipeline's algorithms, which count into the pipeline's counters and
-may keep state (reuse buffers, task summaries). tests/streams/test_plan.py checks its decisions
-against hand-derived values.
+Every outcome ends with the group marked `done`, and its bodies deleted once that is acknowledged.
+Nothing here touches Kafka, Faust or the clock; it runs the pipeline's algorithms, which count into
+the pipeline's counters and may keep state (reuse buffers, task summaries).
+tests/streams/test_plan.py checks its decisions against hand-derived values.
 """
 
 from __future__ import annotations
