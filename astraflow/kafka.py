@@ -90,12 +90,13 @@ class Publisher:
         on_delivery: Callable[[Exception | None], None] | None = None,
         known_policies: frozenset[str] | None = None,
         lossy: bool = False,
+        partition: int = -1,
     ) -> int:
-        """Produce `record` to the base topic `topic` (namespace applied). Returns its size in bytes.
-        A `lossy` record (metrics) that is not delivered is only counted in `lost_lossy`, never
-        raised by `flush()`: metrics that timed out while the broker restarted made every
-        component crash (or fail to stop) after the broker was back."""
-        return self.send_raw(topic, encode(record, known_policies), key, on_delivery, lossy)
+        """Produce `record` to the base topic `topic` (namespace applied), to `partition` (-1: by the
+        key). Returns its size in bytes. A `lossy` record (metrics) that is not delivered is only
+        counted in `lost_lossy`, never raised by `flush()`: metrics that timed out while the broker
+        restarted made every component crash (or fail to stop) after the broker was back."""
+        return self.send_raw(topic, encode(record, known_policies), key, on_delivery, lossy, partition)
 
     def send_raw(
         self,
@@ -104,6 +105,7 @@ class Publisher:
         key: str | bytes | None = None,
         on_delivery: Callable[[Exception | None], None] | None = None,
         lossy: bool = False,
+        partition: int = -1,
     ) -> int:
         from confluent_kafka import KafkaException
 
@@ -125,7 +127,7 @@ class Publisher:
 
         while True:
             try:
-                self.producer.produce(full, value=value, key=key, on_delivery=_done)
+                self.producer.produce(full, value=value, key=key, partition=partition, on_delivery=_done)
                 break
             except BufferError:
                 self.producer.poll(0.1)  # local queue full: serve callbacks, then retry
