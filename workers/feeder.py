@@ -11,13 +11,16 @@ attempts) or a JSONL file. Two controls sit between the source and the topic:
   restarted feeder keeps the same budget.
 - selective rollout (`feeder.selective`): tasks whose TaskStats say they are always or never solved
   are skipped, except a `keep_fraction` of them and any task after `max_skips_in_row` skips.
+Each task goes to the partition of `tasks` with the fewest tasks not yet done by the worker that owns
+it (`feeder.routing`, workers/routing.py), so workers that finish sooner are given more.
 A restarted feeder resumes its source exactly where it stopped: `<run_dir>/feeder/state.json` holds
 its position and the end offsets of `tasks` at that moment (saved every 64 tasks), and the tasks
 published after those offsets are skipped when the source yields them again (workers/feeder_state.py).
 
 Metrics (component `feeder`): feeder.published, feeder.skipped, feeder.blocked_s, feeder.ahead,
 feeder.trainer_groups, feeder.deadletters, feeder.resume_skipped (tasks not published again after a
-restart), feeder.stats_evicted, feeder.stats_tasks.
+restart), feeder.stats_evicted, feeder.stats_tasks, feeder.outstanding (tasks published and not yet
+committed by the workers, as routing last saw them).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from astraflow.records import RecordError, Task, TaskStats, WeightVersion, decod
 from astraflow.weights.auth import verify
 from workers.feeder_state import StatsCache, published_since
 from workers.registry import environment_class, workflow_class
+from workers.routing import LeastOutstanding, LoadProbe
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +133,8 @@ class Feeder:
         self.counts = {"published": 0, "skipped": 0, "deadletters": 0, "resume_skipped": 0}
         self.blocked_s = 0.0
         self.rng = random.Random(f"selective:{self.cfg.seed}")
+        self.routing = LeastOutstanding()
+        self.probe: LoadProbe | None = None  # None: tasks go by their key (feeder.routing: task_id)
         self.skips_in_row = 0
         where, _, n = os.environ.get("ASTRAFLOW_FEEDER_FAILPOINT", "").partition(":")
         self.failpoint = int(n) if where == "after_publish" and n.isdigit() else None
@@ -148,7 +154,19 @@ class Feeder:
         self._history: dict[tuple[str, int], int] = {tp: high for tp, high in reader.ends.items() if high > 0}
         self.task_ends = reader.end_offsets(self.settings.topic("tasks"))
         self.published = sum(self.task_ends.values())
+        self.routing.observe(ends=self.task_ends)
+        if self.cfg.routing == "least_outstanding":
+            self.probe = LoadProbe(self.settings, self.recipe.worker.group, self.cfg.routing_refresh_s)
         return reader
+
+    def _partition(self) -> int:
+        """Where the next task goes: the partition with the least work outstanding, or -1 (its key)."""
+        if self.probe is None:
+            return -1
+        self.probe.refresh(self.routing)
+        partition = self.routing.pick()
+        self.routing.sent(partition)
+        return partition
 
     def _read_progress(self, reader: TopicReader, budget_s: float = 0.0) -> None:
         """Read what progress records are ready; with a budget, wait up to it for the first one.
@@ -319,7 +337,7 @@ class Feeder:
                     continue
                 self.skips_in_row = 0
                 task.min_versions = {p: v for p, v in self.versions.items() if p in task.roles.values()}
-                self.publisher.send("tasks", task, key=task.task_id)
+                self.publisher.send("tasks", task, key=task.task_id, partition=self._partition())
                 self.published += 1
                 self.counts["published"] += 1
                 if self.counts["published"] == self.failpoint:
@@ -335,6 +353,8 @@ class Feeder:
             self.publisher.flush(60)
             self._save_position(position)
             readers.close()
+            if self.probe is not None:
+                self.probe.close()
         log.info("feeder stopped: %s", self.counts)
         return self.counts["published"]
 
@@ -350,4 +370,6 @@ class Feeder:
                 "feeder.stats_tasks": float(len(self.stats)),
             }
         )
+        if self.probe is not None:
+            values["feeder.outstanding"] = float(self.routing.total())
         metrics.report(values, force=force)

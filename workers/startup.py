@@ -22,13 +22,24 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+#: How soon a worker commits the offsets of the tasks it has done (librdkafka's default is 5 s). The
+#: feeder routes each task to the partition with the fewest tasks not yet committed
+#: (workers/routing.py): a fast worker whose done tasks stayed uncommitted for seconds would look as
+#: busy as a slow one. librdkafka sends a commit only when a stored offset has moved.
+COMMIT_INTERVAL_MS = 200
+
+
 def task_consumer_overrides(worker_id: str) -> dict[str, Any]:
     """The consumer of `tasks`: cooperative-sticky, so a worker that joins or leaves moves only the
     partitions that change hands (an eager protocol would revoke every partition of every worker and
     cancel their tasks); no static membership (`group.instance.id`), whose members leave without
     telling the group, which stalls their partitions for a session timeout on every scale-down.
     bench/workers_elastic.py measures the pauses of these choices side by side."""
-    return {"partition.assignment.strategy": "cooperative-sticky", "client.id": worker_id}
+    return {
+        "partition.assignment.strategy": "cooperative-sticky",
+        "client.id": worker_id,
+        "auto.commit.interval.ms": COMMIT_INTERVAL_MS,
+    }
 
 
 def sampler_seed(worker_id: str, policy: str) -> int:

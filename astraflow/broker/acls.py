@@ -12,7 +12,8 @@ component's code (keep it in step when a component starts reading or writing ano
 - worker: reads `tasks` (the worker group) and `weights` (groups `weights-reader-*`); writes
   `trajectories`, `metrics`, `deadletter`.
 - feeder: writes `tasks` (and reads its end offsets), reads `weights` and `task-stats` (groups
-  `feeder-reader-*`); writes `metrics`, `deadletter`.
+  `feeder-reader-*`) and the committed offsets of the worker group (DESCRIBE: it routes tasks to
+  the partitions with the least work outstanding); writes `metrics`, `deadletter`.
 - admin (`astraflow run`, the operator) and the broker are super users: they create topics and
   ACLs and read every group's lag.
 
@@ -92,6 +93,7 @@ def plan(
     topic("feeder", "weights", READ)
     topic("feeder", "task-stats", READ)
     group("feeder", g("feeder-reader-"), PREFIXED)
+    out.append(Grant("feeder", "GROUP", g(worker_group), LITERAL, DESCRIBE))  # committed offsets only
     return sorted(set(out))
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -50,6 +50,12 @@ class FeederConfig(StrictModel):
     """Selective rollout from `task-stats`."""
     poll_s: float = Field(default=0.2, gt=0.0, le=60.0)
     """How often a blocked feeder re-reads trainer progress."""
+    routing: Literal["least_outstanding", "task_id"] = "least_outstanding"
+    """Which partition of `tasks` a task goes to: `least_outstanding`, the one with the fewest tasks
+    published and not yet done by its worker (so faster workers get more: workers/routing.py), or
+    `task_id`, by the hash of its key (every partition the same share, whoever owns it)."""
+    routing_refresh_s: float = Field(default=0.2, gt=0.0, le=60.0)
+    """How often `least_outstanding` re-reads the workers' committed offsets (one request)."""
     max_task_stats: int = Field(default=100_000, ge=1)
     """TaskStats kept in memory for selective rollout (least recently updated evicted first; the
     evictions are counted in feeder.stats_evicted). Groups that reached no trainer stay counted."""
