@@ -23,7 +23,7 @@ from astraflow.broker import acls, launcher, secure
 from astraflow.config import KafkaSettings
 from astraflow.kafka import KafkaReadError, TopicReader, client_config, make_admin
 from tests.conftest import REPO, subprocess_env
-from tests.kafka_helpers import settings_of
+from tests.kafka_helpers import commit, settings_of
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -153,6 +153,8 @@ def test_the_acl_plan_is_least_privilege() -> None:
         ("worker", "ns.weights-reader-"),
     ]
     assert all(g.name.startswith("ns.") for g in grants)  # nothing outside the namespace
+    # the feeder reads the workers' committed offsets (routing), but may not join or commit there
+    assert {x[3] for x in by if x[0] == "feeder" and x[2] == "ns.workers"} == {"DESCRIBE"}
     assert "ALL" not in {g.operation for g in grants if g.principal != "streams"}
 
 
@@ -215,6 +217,25 @@ def test_a_principal_may_not_read_a_topic_or_join_a_group_it_was_not_granted(
     other = settings_of(secured, "worker", namespace + "x")
     err2 = _produce(other, "trajectories")
     assert err2 is not None and err2.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, err2
+
+
+def test_the_feeder_reads_the_worker_groups_progress_but_may_not_move_it(
+    secured: launcher.BrokerState, namespace: str
+) -> None:
+    from confluent_kafka import KafkaException
+
+    from workers.routing import LeastOutstanding, LoadProbe
+
+    commit(settings_of(secured, "worker", namespace), "workers", "tasks", dict.fromkeys(range(8), 0))
+    feeder = settings_of(secured, "feeder", namespace)
+    probe, routing = LoadProbe(feeder, "workers", refresh_s=0.1), LeastOutstanding()
+    try:
+        probe.refresh(routing)
+    finally:
+        probe.close()
+    assert probe.failures == 0 and routing.done == dict.fromkeys(range(8), 0), routing.done
+    with pytest.raises(KafkaException, match="GROUP_AUTHORIZATION_FAILED"):
+        commit(feeder, "workers", "tasks", {0: 1})
 
 
 def test_a_reader_denied_by_an_acl_raises_at_once_naming_the_topic(
