@@ -14,7 +14,10 @@ from typing import Any
 
 import yaml
 
+from astraflow.config import KafkaSettings
+from astraflow.records import trajectories_of
 from tests.conftest import REPO, worker_cmd
+from tests.kafka_helpers import read_now
 
 # ---------------------------------------------------------------------- the ledger
 
@@ -61,6 +64,14 @@ def check_ledger(fed: list[str], trained: list[str], dropped: collections.Counte
     missing = len(fed) - len(trained)
     assert missing == sum(dropped.values()), (
         f"{len(fed)} fed, {len(trained)} trained: {missing} unaccounted for; drops counted: {dict(dropped)}"
+    )
+
+
+def episodes_now(kafka: KafkaSettings) -> collections.Counter[str]:
+    """Episodes per worker on `trajectories` up to its end offsets now (read_trajectories reads on
+    until the topic is quiet for 2 s, which a busy run never is: 30 s late)."""
+    return collections.Counter(
+        t.worker_id for r in read_now(kafka, "trajectories") for t in trajectories_of(r)
     )
 
 

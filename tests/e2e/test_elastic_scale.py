@@ -32,6 +32,7 @@ from tests.e2e.outside import (
     alive,
     check_ledger,
     dropped_groups,
+    episodes_now,
     feeder_pid,
     start_worker,
     stop,
@@ -147,12 +148,12 @@ def test_workers_scale_1_to_6_to_2_mid_run_and_nothing_is_lost(kafka_bootstrap: 
         stop(procs, ["w0", "w1", "w2", "w3"], run_dir)
         marks["down to 2"] = time.monotonic() - t0
         at_two = len(trained_groups(run_dir, "solver"))
-        before = collections.Counter(t.worker_id for t in trajectories(kafka))
+        before = episodes_now(kafka)
         wait_for(
             lambda: len(trained_groups(run_dir, "solver")) >= at_two + 8, 600, "8 groups trained by the pair"
         )
         # 4: no more tasks; everything fed must come out of the loop
-        at_stop = collections.Counter(t.worker_id for t in trajectories(kafka))
+        at_stop = episodes_now(kafka)
         feeder = feeder_pid(run_dir)
         os.kill(feeder, signal.SIGTERM)  # it saves its position and exits 0: the supervisor lets it be
         wait_for(lambda: not alive(feeder), 120, "the feeder to stop")

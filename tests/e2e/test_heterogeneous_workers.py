@@ -12,7 +12,6 @@ task fed trained exactly once or counted as dropped under a reason, and every ep
 
 from __future__ import annotations
 
-import collections
 import os
 import signal
 import subprocess
@@ -22,20 +21,20 @@ from pathlib import Path
 import pytest
 
 from astraflow.config import KafkaSettings
-from astraflow.records import Task, trajectories_of
+from astraflow.records import Task
 from tests.e2e.helpers import finish, recipe_copy, run_env, start_run, wait_for
 from tests.e2e.outside import (
     accounted,
     alive,
     check_ledger,
     dropped_groups,
+    episodes_now,
     feeder_pid,
     start_worker,
     stop,
     trained_groups,
     untrained_batches,
 )
-from tests.kafka_helpers import read_now
 from tests.workers.kafka_util import read_topic, read_trajectories
 
 pytestmark = [pytest.mark.e2e, pytest.mark.broker, pytest.mark.slow]
@@ -49,14 +48,6 @@ WORKERS = {"fast": (4, 500), "slow": (1, SLOW_MS)}
 #: GROUP x SLOW_MS x MEASURED = 160 s)
 MEASURED = 40
 ROUTING = "least_outstanding"
-
-
-def episodes_now(kafka: KafkaSettings) -> collections.Counter[str]:
-    """Episodes per worker on `trajectories` up to its end offsets now (read_trajectories reads on
-    until the topic is quiet for 2 s, which a busy run never is: 30 s late)."""
-    return collections.Counter(
-        t.worker_id for r in read_now(kafka, "trajectories") for t in trajectories_of(r)
-    )
 
 
 @pytest.mark.timeout(1500)
