@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 #: How often the probe re-reads the partitions and end offsets of `tasks` (a new partition, another
 #: feeder's tasks): one request per partition, while the committed offsets are one request for all.
+#: Also how long it leaves the broker alone after a failed read.
 ENDS_EVERY_S = 5.0
 
 
@@ -112,6 +113,7 @@ class LoadProbe:
             routing.observe(done=self._committed(list(routing.ends)))
         except KafkaException as exc:
             self.failures += 1
+            self._next = now + ENDS_EVERY_S  # a broker away: do not wait on it before every task
             if now >= self._warned:  # at most a line a minute: routing goes on with the last view
                 self._warned = now + 60.0
                 log.warning("feeder: cannot read the progress of %s on %s: %s", self.group, self.topic, exc)

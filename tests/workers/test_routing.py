@@ -80,6 +80,30 @@ def test_no_partitions_is_an_error() -> None:
         LeastOutstanding().pick()
 
 
+def test_a_probe_that_cannot_read_keeps_the_last_view_and_backs_off(caplog: pytest.LogCaptureFixture) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    class Away:
+        calls = 0
+
+        def list_topics(self, *_: Any, **__: Any) -> Any:
+            Away.calls += 1
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+
+        def close(self) -> None:
+            pass
+
+    probe = LoadProbe(KafkaSettings(bootstrap="127.0.0.1:1"), "workers", refresh_s=0.0)
+    probe.consumer.close()
+    probe.consumer = Away()
+    r = routing({0: 5, 1: 5}, done={0: 5, 1: 2})
+    probe.refresh(r)
+    probe.refresh(r)  # within the back-off: not asked again
+    assert probe.failures == 1 and Away.calls == 1
+    assert r.pick() == 0 and r.outstanding(1) == 3
+    assert "cannot read the progress" in caplog.text
+
+
 # ---------------------------------------------------------------------- a simulated pair of workers
 
 
