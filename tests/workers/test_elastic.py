@@ -17,11 +17,12 @@ import pytest
 import yaml
 
 from astraflow.config import KafkaSettings
-from astraflow.records import Trajectory
+from astraflow.records import Trajectory, trajectories_of
+from tests.kafka_helpers import read_now
 
 from ..conftest import subprocess_env, worker_cmd
 from .conftest import TINY
-from .kafka_util import committed, end_offsets, read_topic, read_trajectories
+from .kafka_util import committed, end_offsets, read_topic
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -42,7 +43,9 @@ def start_worker(recipe: Path, run_dir: Path, wid: str, log_dir: Path) -> subpro
 def wait_for(kafka: KafkaSettings, cond: Any, timeout: float) -> list[Trajectory]:
     deadline = time.monotonic() + timeout
     while True:
-        trajs = read_trajectories(kafka)
+        # up to the end offsets now: read_trajectories reads on until the topic is quiet for 2 s (up
+        # to 30 s in a busy run), long enough for the run to finish before the kill it waits for
+        trajs = [t for r in read_now(kafka, "trajectories") for t in trajectories_of(r)]
         if cond(trajs) or time.monotonic() > deadline:
             return trajs
         time.sleep(0.5)
