@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from collections.abc import Sized
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -44,6 +45,34 @@ def _fail(field: str, reason: str) -> RecordError:
 
 def _type_name(value: Any) -> str:
     return type(value).__name__
+
+
+_S = TypeVar("_S", bound=Sized)
+
+
+def _sized(field: str, value: _S, nonempty: bool, most: int, unit: str) -> _S:
+    """`value` (a map or a list) when it holds at most `most` `unit` (and some, if `nonempty`)."""
+    if nonempty and not value:
+        raise _fail(field, "must not be empty")
+    if len(value) > most:
+        raise _fail(field, f"more than {most} {unit} ({len(value)})")
+    return value
+
+
+def _map(field: str, value: Any, nonempty: bool) -> dict[Any, Any]:
+    """`value` when it is a map of at most MAX_MAP_ITEMS entries (FloatMap, IntMap, StrMap)."""
+    if not isinstance(value, dict):
+        raise _fail(field, f"expected a map, got {_type_name(value)}")
+    return _sized(field, value, nonempty, MAX_MAP_ITEMS, "entries")
+
+
+def _list(field: str, value: Any, nonempty: bool, max_items: int) -> list[Any]:
+    """`value` as a list (a tuple is one) of at most `max_items` items (StrList, BytesList)."""
+    if isinstance(value, tuple):
+        value = list(value)
+    if not isinstance(value, list):
+        raise _fail(field, f"expected a list, got {_type_name(value)}")
+    return _sized(field, value, nonempty, max_items, "items")
 
 
 @dataclass(frozen=True)
@@ -142,14 +171,7 @@ class BytesList(Kind):
     max_bytes: int = MAX_BYTES
 
     def check(self, field: str, value: Any) -> list[bytes]:
-        if isinstance(value, tuple):
-            value = list(value)
-        if not isinstance(value, list):
-            raise _fail(field, f"expected a list, got {_type_name(value)}")
-        if not value:
-            raise _fail(field, "must not be empty")
-        if len(value) > self.max_items:
-            raise _fail(field, f"more than {self.max_items} items ({len(value)})")
+        value = _list(field, value, nonempty=True, max_items=self.max_items)
         item = Bytes(self.max_bytes)
         out = [item.check(f"{field}[{i}]", v) for i, v in enumerate(value)]
         if sum(map(len, out)) > self.max_bytes:
@@ -232,12 +254,7 @@ class FloatMap(Kind):
     nonempty: bool = False
 
     def check(self, field: str, value: Any) -> dict[str, float]:
-        if not isinstance(value, dict):
-            raise _fail(field, f"expected a map, got {_type_name(value)}")
-        if self.nonempty and not value:
-            raise _fail(field, "must not be empty")
-        if len(value) > MAX_MAP_ITEMS:
-            raise _fail(field, f"more than {MAX_MAP_ITEMS} entries ({len(value)})")
+        value = _map(field, value, self.nonempty)
         number = self._values
         out: dict[str, float] = {}
         for k, v in value.items():
@@ -274,12 +291,7 @@ class StrMap(Kind):
     nonempty: bool = True
 
     def check(self, field: str, value: Any) -> dict[str, str]:
-        if not isinstance(value, dict):
-            raise _fail(field, f"expected a map, got {_type_name(value)}")
-        if self.nonempty and not value:
-            raise _fail(field, "must not be empty")
-        if len(value) > MAX_MAP_ITEMS:
-            raise _fail(field, f"more than {MAX_MAP_ITEMS} entries ({len(value)})")
+        value = _map(field, value, self.nonempty)
         return {
             self.key.check(f"{field} key", k): self.value.check(f"{field}.{k}", v) for k, v in value.items()
         }
@@ -293,14 +305,7 @@ class StrList(Kind):
     unique: bool = True
 
     def check(self, field: str, value: Any) -> list[str]:
-        if isinstance(value, tuple):
-            value = list(value)
-        if not isinstance(value, list):
-            raise _fail(field, f"expected a list, got {_type_name(value)}")
-        if self.nonempty and not value:
-            raise _fail(field, "must not be empty")
-        if len(value) > self.max_items:
-            raise _fail(field, f"more than {self.max_items} items ({len(value)})")
+        value = _list(field, value, self.nonempty, self.max_items)
         out = [self.item.check(f"{field}[{i}]", v) for i, v in enumerate(value)]
         if self.unique and len(set(out)) != len(out):
             raise _fail(field, "items must be unique")
