@@ -77,9 +77,13 @@ class MaxStaleness(Stage):
             self.max_lag = ctx.max_staleness
         self.versions = ctx.versions
 
-    def __call__(self, group: Group) -> Group:
+    def stale(self, group: Group) -> list[bool]:
+        """Per trajectory: whether its lag exceeds `max_lag` (the reuse stages evict by it too)."""
         limit = self.max_lag if self.max_lag is not None else 0
-        group.remove([self.versions.lag(t) > limit for t in group.trajectories], "stale")
+        return [self.versions.lag(t) > limit for t in group.trajectories]
+
+    def __call__(self, group: Group) -> Group:
+        group.remove(self.stale(group), "stale")
         return group
 
 

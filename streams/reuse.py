@@ -28,25 +28,21 @@ import random
 from collections import Counter, deque
 
 from streams.api import Group, Stage, StageContext
+from streams.filters import MaxStaleness
 
 
 class _Reuse(Stage):
     kind = "reuse"
 
     def __init__(self, max_lag: int | None) -> None:
-        if max_lag is not None and max_lag < 0:
-            raise ValueError("max_lag must be >= 0")
-        self.max_lag = max_lag
+        self.staleness = MaxStaleness(max_lag=max_lag)  # the filter's rule, applied to whole groups
         self.counts: Counter[str] = Counter()  # replayed, evicted_stale
 
     def setup(self, ctx: StageContext) -> None:
-        if self.max_lag is None:
-            self.max_lag = ctx.max_staleness
-        self.versions = ctx.versions
+        self.staleness.setup(ctx)
 
     def too_stale(self, group: Group) -> bool:
-        limit = self.max_lag if self.max_lag is not None else 0
-        return any(self.versions.lag(t) > limit for t in group.trajectories)
+        return any(self.staleness.stale(group))
 
 
 class Replay(_Reuse):
