@@ -42,6 +42,8 @@ from astraflow.sampling import SamplingSettings
 from bench.learning_seeds import run_command
 from bench.machine import describe
 from streams.advantages import grpo
+from streams.api import Group
+from streams.route import route
 from trainer.engine import TrainEngine
 from trainer.rows import collate
 from workers.engines.torch_engine import TorchEngine
@@ -53,32 +55,22 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def samples_of(group: list[Trajectory], policy: str) -> list[Sample]:
-    """The streams stage in miniature: GRPO over the group's rewards, one Sample per trajectory."""
+    """The streams stage in miniature: GRPO over the group's rewards, then the streams' own route."""
     rewards = np.array([t.rewards[policy] for t in group], np.float32)
     adv, mean, std = grpo(rewards)
-    out = []
-    for t, a in zip(group, adv, strict=True):
-        mask = t.policy_mask(policy)
-        out.append(
-            Sample(
-                policy=policy,
-                traj_id=t.traj_id,
-                group_id=t.group_id,
-                task_id=t.task_id,
-                env=t.env,
-                tokens=t.tokens,
-                loss_mask=mask.astype(np.uint8),
-                logprobs=t.logprobs,
-                versions=t.versions,
-                advantages=np.where(mask, a, 0).astype(np.float32),
-                reward=t.rewards[policy],
-                group_size=len(group),
-                group_samples=len(group),
-                group_mean=mean,
-                group_std=std,
-            )
+    first = group[0]
+    return route(
+        Group(
+            group_id=first.group_id,
+            task_id=first.task_id,
+            env=first.env,
+            policies=[policy],
+            group_size=len(group),
+            trajectories=group,
+            advantages={policy: adv},
+            stats={policy: (mean, std)},
         )
-    return out
+    )
 
 
 async def sync_run(recipe: Recipe, steps: int, work: Path) -> dict[str, Any]:
