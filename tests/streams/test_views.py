@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 
 from astraflow.config.streams import GroupConfig
-from astraflow.records import encode
+from astraflow.records import Trajectory, encode
 from streams.advantages import GRPO
 from streams.api import Group
-from streams.grouping import GroupCollector
+from streams.grouping import DictTable, GroupCollector
 from streams.route import route
 from streams.stats import summarize
 from streams.testing import make_traj
 
 
-def views(rewards: list[float]) -> list:  # type: ignore[type-arg]
+def views(rewards: list[float]) -> list[Trajectory]:
     """Episode k -> speaker view at index 2k, listener view at 2k+1, both rewarded r_k."""
     out = []
     size = 2 * len(rewards)
@@ -26,9 +26,17 @@ def views(rewards: list[float]) -> list:  # type: ignore[type-arg]
     return out
 
 
-class DictTable(dict):  # type: ignore[type-arg]
-    def set(self, key, value, partition) -> None:  # type: ignore[no-untyped-def]
-        self[key] = value
+def game(rewards: list[float]) -> Group:
+    """The group of the views of one episode per reward, as the collector forms it."""
+    trajs = views(rewards)
+    return Group(
+        group_id=trajs[0].group_id,
+        task_id="game",
+        env="arith",
+        policies=["speaker", "listener"],
+        group_size=len(trajs),
+        trajectories=trajs,
+    )
 
 
 def test_views_of_different_policies_form_one_group() -> None:
@@ -36,20 +44,13 @@ def test_views_of_different_policies_form_one_group() -> None:
     collector = GroupCollector(GroupConfig(), DictTable(), DictTable())
     outcomes = [collector.add(t, encode(t), 0, now=1.0).outcome for t in trajs]
     assert outcomes == ["added"] * 8
-    meta = collector.groups[trajs[0].group_id]
+    meta = collector.groups.get(trajs[0].group_id)
     assert meta["policies"] == ["speaker", "listener"] and len(meta["ids"]) == 8
 
 
 def test_advantages_and_samples_per_policy_over_its_own_views() -> None:
-    trajs = views([1.0, 0.0, 1.0, 0.0])
-    group = Group(
-        group_id=trajs[0].group_id,
-        task_id="game",
-        env="arith",
-        policies=["speaker", "listener"],
-        group_size=8,
-        trajectories=trajs,
-    )
+    group = game([1.0, 0.0, 1.0, 0.0])
+    trajs = group.trajectories
     assert list(group.members("speaker")) == [0, 2, 4, 6] and list(group.members("listener")) == [1, 3, 5, 7]
     assert np.isnan(group.rewards("speaker")[1])  # a listener view has no speaker reward
     GRPO()(group)
@@ -69,14 +70,6 @@ def test_advantages_and_samples_per_policy_over_its_own_views() -> None:
 
 
 def test_task_stats_use_each_views_own_rewards() -> None:
-    trajs = views([1.0, 1.0, 0.0, 0.0])
-    group = Group(
-        group_id=trajs[0].group_id,
-        task_id="game",
-        env="arith",
-        policies=["speaker", "listener"],
-        group_size=8,
-        trajectories=trajs,
-    )
+    group = game([1.0, 1.0, 0.0, 0.0])
     s = summarize(group)
     assert s["n"] == 8 and s["reward_sum"] == 4.0 and s["successes"] == 4 and not s["zero_variance"]
