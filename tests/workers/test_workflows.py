@@ -41,6 +41,17 @@ class Scripted:
         return GenResult(ids, [-0.5] * len(ids), [self._version] * len(ids), "stop")
 
 
+#: guess_number with secret 6 of 8: the script "3", "7", "6" finds it on the third guess
+GUESS_SIX = Task(
+    task_id="g-6",
+    env="guess_number",
+    roles={"agent": "policy"},
+    group_size=4,
+    prompt="G8:",
+    payload={"secret": 6, "max_number": 8},
+)
+
+
 def episode(recipe: Any, codec: Any, task: Task, engines: dict[str, Any], k: int = 0) -> list[Any]:
     trajs, _ = asyncio.run(run_episode(Runtime(recipe, codec), task, k, engines, "w", "eu"))
     return trajs
@@ -48,16 +59,8 @@ def episode(recipe: Any, codec: Any, task: Task, engines: dict[str, Any], k: int
 
 def test_agent_multi_turn_token_in_token_out(codec: Any) -> None:
     recipe = make_recipe(feeder={"env": "guess_number"})
-    task = Task(
-        task_id="g-6",
-        env="guess_number",
-        roles={"agent": "policy"},
-        group_size=4,
-        prompt="G8:",
-        payload={"secret": 6, "max_number": 8},
-    )
     eng = Scripted("policy", codec, ["3", "7", "6"], version=2)
-    [t] = episode(recipe, codec, task, {"policy": eng}, k=1)
+    [t] = episode(recipe, codec, GUESS_SIX, {"policy": eng}, k=1)
     assert codec.text(t.tokens.tolist()) == "<bos>G8:3>7<6"
     assert t.owner.tolist() == [-1] * 4 + [0, -1, 0, -1, 0]
     assert t.versions.tolist() == [-1] * 4 + [2, -1, 2, -1, 2]
@@ -212,19 +215,11 @@ def test_tool_latency_delays_every_environment_step_by_the_episodes_own_draws(
         await real_sleep(0)
 
     monkeypatch.setattr(asyncio, "sleep", fake_sleep)
-    task = Task(
-        task_id="g-6",
-        env="guess_number",
-        roles={"agent": "policy"},
-        group_size=4,
-        prompt="G8:",
-        payload={"secret": 6, "max_number": 8},
-    )
 
     def run(latency: dict[str, float], k: int = 1) -> tuple[Any, list[float]]:
         slept.clear()
         recipe = make_recipe(feeder={"env": "guess_number"}, worker={"tool_latency": latency})
-        [t] = episode(recipe, codec, task, {"policy": Scripted("policy", codec, ["3", "7", "6"])}, k=k)
+        [t] = episode(recipe, codec, GUESS_SIX, {"policy": Scripted("policy", codec, ["3", "7", "6"])}, k=k)
         return t, list(slept)
 
     plain, none = run({})
