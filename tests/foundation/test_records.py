@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -23,6 +24,7 @@ from astraflow.records import (
     encode,
 )
 from astraflow.records.fields import Array
+from tests.faults.mutations import WRONG_VALUES, packed
 from tests.foundation.strategies import ALL, make_traj, seed_records
 
 
@@ -219,37 +221,10 @@ def test_fuzz_arbitrary_bytes(data: bytes) -> None:
         decode(data)
 
 
-def _packed(values: list, code: int, dtype: str) -> msgpack.ExtType:
-    arr = np.asarray(values, dtype=np.dtype(dtype).newbyteorder("<"))
-    return msgpack.ExtType(1, bytes([code]) + len(arr).to_bytes(4, "little") + arr.tobytes())
-
-
 #: A value of every wire type, for every field: the byte-level fuzz above rarely builds a map with
-#: a well-formed value of the wrong type where a field belongs.
-EVERY_TYPE: list = [
-    None,
-    True,
-    0,
-    -1,
-    2**64 - 1,
-    -(2**63),
-    1.5,
-    float("nan"),
-    float("inf"),
-    "",
-    "x" * 300,
-    b"\x00",
-    [],
-    [1, "a"],
-    {},
-    {"k": 1},
-    {"k": float("nan")},
-    _packed([1, 2], 3, "int32"),
-    _packed([-1.0], 4, "float32"),
-    _packed([], 2, "uint8"),
-    msgpack.ExtType(7, b"?"),
-    msgpack.Timestamp(0),
-]
+#: a well-formed value of the wrong type where a field belongs. The generic mutations of the fault
+#: tests' fuzzer, and an empty array.
+EVERY_TYPE: list[Any] = [*WRONG_VALUES, packed([], "uint8")]
 
 
 def test_every_field_of_every_type_decodes_or_raises_only_record_error() -> None:
@@ -268,7 +243,7 @@ def test_every_field_of_every_type_decodes_or_raises_only_record_error() -> None
                     except RecordError:
                         refused += 1
     assert refused > 1000
-    array_as_version = msgpack.packb({**good, "v": _packed([1, 1], 3, "int32")}, use_bin_type=True)
+    array_as_version = msgpack.packb({**good, "v": packed([1, 1], "int32")}, use_bin_type=True)
     with pytest.raises(RecordError, match="schema version"):
         decode(array_as_version)
 
