@@ -16,14 +16,18 @@ def jvm_args(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
 
 
-def test_an_unusable_recording_is_dropped_not_adopted(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def archive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where classdata keeps the archive, moved from the user's cache into `tmp_path`."""
+    path = tmp_path / "cache" / "classes.jsa"
+    path.parent.mkdir()
+    monkeypatch.setattr(classdata, "archive_path", lambda *_: path)
+    return path
+
+
+def test_an_unusable_recording_is_dropped_not_adopted(tmp_path: Path, archive: Path) -> None:
     """A recording cut short (its JVM killed while it wrote) would crash every JVM told to map it."""
     java, libs = find_java(), ensure_jars()
-    archive = tmp_path / "cache" / "classes.jsa"
-    archive.parent.mkdir()
-    monkeypatch.setattr(classdata, "archive_path", lambda *_: archive)
     (tmp_path / classdata.RECORDING).write_bytes(b"\x00" * 4096)
     assert not classdata.adopt(java, libs, tmp_path)
     assert not archive.exists() and not (tmp_path / classdata.RECORDING).exists()
@@ -44,13 +48,8 @@ def test_archive_path_is_per_jvm_and_jar_set(tmp_path: Path) -> None:
 
 @pytest.mark.broker
 @pytest.mark.slow
-def test_first_broker_records_the_archive_and_the_next_maps_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_first_broker_records_the_archive_and_the_next_maps_it(tmp_path: Path, archive: Path) -> None:
     java, libs = find_java(), ensure_jars()
-    archive = tmp_path / "cache" / "classes.jsa"
-    archive.parent.mkdir()
-    monkeypatch.setattr(classdata, "archive_path", lambda *_: archive)
 
     first = broker.start(port=0, data_dir=tmp_path / "one")
     try:
