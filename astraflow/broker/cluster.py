@@ -23,7 +23,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,10 +65,7 @@ class ClusterState:
             return None
 
     def save(self) -> None:
-        path = Path(self.data_dir) / CLUSTER_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        tmp.replace(path)
+        one.save_state(self, Path(self.data_dir) / CLUSTER_FILE)
 
 
 def alive(state: ClusterState) -> list[bool]:

@@ -19,12 +19,15 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from astraflow.broker import classdata, secure
 from astraflow.broker.jars import cache_home, ensure_jars, file_lock, find_java, kafka_version
 from astraflow.broker.jvm import format_storage, is_our_jvm, spawn_kafka, terminate
 from astraflow.errors import BrokerError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 STATE_FILE = "broker.json"
 
@@ -60,10 +63,15 @@ class BrokerState:
             return None
 
     def save(self) -> None:
-        path = Path(self.data_dir) / STATE_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        tmp.replace(path)
+        save_state(self, Path(self.data_dir) / STATE_FILE)
+
+
+def save_state(state: DataclassInstance, path: Path) -> None:
+    """A state dataclass (a broker's, a cluster's) as JSON in `path`, replaced whole: a reader never
+    sees half of it."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(state), indent=2))
+    tmp.replace(path)
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
