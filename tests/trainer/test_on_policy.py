@@ -10,23 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from astraflow.config import ModelSpec
 from astraflow.config.trainer import TrainerConfig
 from astraflow.models import init_checkpoint, load_model
 from astraflow.sampling import SamplingSettings
+from tests.trainer.helpers import TINY
 from trainer.engine import TrainEngine
 from trainer.rows import Rows
 from workers.engines.base import GenResult, SamplingParams
 from workers.engines.torch_engine import TorchEngine
 
-SPEC = ModelSpec(
-    hidden_size=32,
-    num_layers=2,
-    num_heads=2,
-    num_kv_heads=1,
-    intermediate_size=64,
-    max_position_embeddings=128,
-)
+SPEC = TINY.model_copy(update={"max_position_embeddings": 128})
 PROMPTS = [[1] + list(range(5, 5 + n)) for n in (1, 3, 6, 9, 2, 12)]
 
 
