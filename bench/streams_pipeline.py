@@ -23,7 +23,6 @@ import argparse
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -39,6 +38,7 @@ from astraflow.config import KafkaSettings
 from astraflow.kafka import TopicReader, make_admin, producer_config
 from astraflow.records import SampleBatch, Trajectory, batches, decode, encode, group_id, traj_id
 from bench.machine import describe
+from tests.conftest import streams_cmd
 
 REPO = Path(__file__).resolve().parent.parent
 GROUP = 8
@@ -195,18 +195,7 @@ def start_worker(settings: KafkaSettings, tmp: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASTRAFLOW_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "astraflow.cli",
-            "streams",
-            "-r",
-            str(path),
-            "--data-dir",
-            str(tmp / "faust"),
-            "-l",
-            "info",
-        ],
+        streams_cmd(path, tmp / "faust"),
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
         env=env,

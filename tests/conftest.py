@@ -90,6 +90,11 @@ def worker_cmd(recipe: Path, run_dir: Path, worker_id: str, *args: str) -> list[
     return cli("worker", "--recipe", str(recipe), "--run-dir", str(run_dir), "--id", worker_id, *args)
 
 
+def streams_cmd(recipe: Path, data_dir: Path, *args: str) -> list[str]:
+    """argv of an `astraflow streams` worker of `recipe` keeping its Faust state in `data_dir`."""
+    return cli("streams", "-r", str(recipe), "--data-dir", str(data_dir), "-l", "info", *args)
+
+
 def run_cmd(recipe: Path, run_dir: Path, *args: str) -> list[str]:
     """argv of `astraflow run` of `recipe` into `run_dir` without the dashboard."""
     return cli("run", str(recipe), "--run-dir", str(run_dir), "--no-dashboard", *args)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ import yaml
 
 from astraflow.config import KafkaSettings
 from astraflow.records import Record, SampleBatch, decode, encode, samples_of
-from tests.conftest import subprocess_env
+from tests.conftest import streams_cmd, subprocess_env
 from tests.kafka_helpers import read_messages
 
 READY_MARK = "[^Worker]: Ready"
@@ -49,20 +48,7 @@ class StreamsHarness:
         log = self.root / f"worker{len(self.workers)}.log"
         env = subprocess_env(**(extra_env or {}))
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "astraflow.cli",
-                "streams",
-                "-r",
-                str(self.recipe),
-                "--data-dir",
-                str(self.root / "faust"),
-                "-l",
-                "info",
-                "--instance-id",
-                f"w{len(self.workers)}",
-            ],
+            streams_cmd(self.recipe, self.root / "faust", "--instance-id", f"w{len(self.workers)}"),
             stdout=log.open("wb"),
             stderr=subprocess.STDOUT,
             env=env,
