@@ -15,6 +15,22 @@ import yaml
 from tests.conftest import REPO, run_cmd, subprocess_env
 from tests.kafka_helpers import wait_for  # noqa: F401 - the e2e tests import it from here
 
+#: the model of the test runs: tiny, so that a run on a loaded 2-core machine takes minutes
+TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
+
+
+def endless_recipe(tmp_path: Path, workers: int = 1, **trainer: Any) -> Path:
+    """arithmetic with the TINY model, `workers` workers, 2 groups a step (and `trainer` settings)
+    and no step limit: the test ends the run (Ctrl-C, a kill, `--max-steps`)."""
+    return recipe_copy(
+        "arithmetic",
+        tmp_path,
+        model=TINY,
+        worker={"count": workers},
+        trainer={"batch_groups": 2, **trainer},
+        run={"max_steps": None},
+    )
+
 
 def recipe_copy(name: str, tmp_path: Path, **overrides: Any) -> Path:
     """A copy of recipes/<name>.yaml with nested overrides (`trainer={"lr": 1e-3}`)."""

@@ -16,11 +16,9 @@ import pytest
 
 from astraflow.broker import cluster
 from tests.conftest import REPO, subprocess_env
-from tests.e2e.helpers import finish, recipe_copy, run_env, start_run, summary, trainer_steps, wait_for
+from tests.e2e.helpers import endless_recipe, finish, run_env, start_run, summary, trainer_steps, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.broker, pytest.mark.slow]
-
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -94,14 +92,7 @@ def test_a_3_node_cluster_loses_a_broker_mid_run_and_loses_nothing(tmp_path: Pat
         wait_for(replicated, 60, "every partition with 3 replicas in sync, its configs readable")
         assert min_isr == dict.fromkeys(names, "2")
 
-        recipe = recipe_copy(
-            "arithmetic",
-            tmp_path,
-            model=TINY,
-            worker={"count": 2},
-            trainer={"batch_groups": 2},
-            run={"max_steps": None},
-        )
+        recipe = endless_recipe(tmp_path, workers=2)
         run_dir = tmp_path / "run"
         proc = start_run(recipe, run_dir, env, "--max-steps", "10")
         wait_for(

@@ -9,11 +9,19 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import subprocess_env
-from tests.e2e.helpers import finish, processes_of, recipe_copy, start_run, summary, trainer_steps, wait_for
+from tests.e2e.helpers import (
+    TINY,
+    endless_recipe,
+    finish,
+    processes_of,
+    recipe_copy,
+    start_run,
+    summary,
+    trainer_steps,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.broker, pytest.mark.slow]
-
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
 
 
 def trained_groups(run_dir: Path, policy: str) -> list[str]:
@@ -27,14 +35,7 @@ def trained_groups(run_dir: Path, policy: str) -> list[str]:
 
 
 def test_ctrl_c_leaves_nothing_running_and_a_second_run_resumes(tmp_path: Path) -> None:
-    recipe = recipe_copy(
-        "arithmetic",
-        tmp_path,
-        model=TINY,
-        worker={"count": 1},
-        trainer={"batch_groups": 2},
-        run={"max_steps": None},
-    )
+    recipe = endless_recipe(tmp_path)
     run_dir = tmp_path / "run"
     env = subprocess_env()  # no ASTRAFLOW_BOOTSTRAP: the run starts its own broker in the run directory
 
@@ -81,14 +82,7 @@ def test_ctrl_c_leaves_nothing_running_and_a_second_run_resumes(tmp_path: Path) 
 
 
 def test_a_killed_supervisor_takes_its_components_and_broker_with_it(tmp_path: Path) -> None:
-    recipe = recipe_copy(
-        "arithmetic",
-        tmp_path,
-        model=TINY,
-        worker={"count": 1},
-        trainer={"batch_groups": 2},
-        run={"max_steps": None},
-    )
+    recipe = endless_recipe(tmp_path)
     run_dir = tmp_path / "run"
     proc = start_run(recipe, run_dir, subprocess_env())
     wait_for(lambda: trainer_steps(run_dir, "solver") >= 1 or proc.poll() is not None, 600, "a trainer step")

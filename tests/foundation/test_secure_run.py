@@ -13,13 +13,18 @@ import pytest
 from astraflow.broker import launcher
 from astraflow.kafka import client_config, read_to_end
 from tests.conftest import subprocess_env
-from tests.e2e.helpers import finish, processes_of, recipe_copy, start_run, summary, trainer_steps, wait_for
+from tests.e2e.helpers import (
+    endless_recipe,
+    finish,
+    processes_of,
+    start_run,
+    summary,
+    trainer_steps,
+    wait_for,
+)
 from tests.kafka_helpers import settings_of
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
-
-
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -58,14 +63,7 @@ def test_a_recipe_trains_end_to_end_on_the_secured_broker_with_one_principal_per
     tmp_path: Path,
 ) -> None:
     # weights over HTTPS: the worker fetches them from the trainer's server with the run's token and CA
-    recipe = recipe_copy(
-        "arithmetic",
-        tmp_path,
-        model=TINY,
-        worker={"count": 1},
-        trainer={"batch_groups": 2, "serve_http": True},
-        run={"max_steps": None},
-    )
+    recipe = endless_recipe(tmp_path, serve_http=True)
     run_dir = tmp_path / "run"
     # no step limit: every component is alive while its environment is read and the forged event sent
     # (with --max-steps 6 the trainer could finish and exit first: CI saw it once, after the runs' start
