@@ -13,10 +13,14 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import pytest
 
 from astraflow.config import KafkaSettings
+
+if TYPE_CHECKING:
+    from astraflow.topics import TopicSpec
 
 # Settings of the developer's shell must not leak into tests.
 _SAVED_ENV = {
@@ -57,8 +61,14 @@ def kafka(kafka_bootstrap: str) -> KafkaSettings:
     return KafkaSettings(bootstrap=kafka_bootstrap, namespace=f"t{uuid.uuid4().hex[:10]}")
 
 
+class MakeTopics(Protocol):
+    """The `topics` fixture: creates the topics of topics.yaml for `policies` (default: "policy")."""
+
+    def __call__(self, policies: list[str] | None = None) -> list[TopicSpec]: ...
+
+
 @pytest.fixture
-def topics(kafka: KafkaSettings):  # type: ignore[no-untyped-def]
+def topics(kafka: KafkaSettings) -> MakeTopics:
     """Create the topics of topics.yaml in this test's namespace; call with the policies."""
     from astraflow import topics as topic_spec
     from astraflow.kafka import make_admin

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,7 +33,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def ledger(run_dir: Path, policy: str) -> list[dict]:  # type: ignore[type-arg]
+def ledger(run_dir: Path, policy: str) -> list[dict[str, Any]]:
     path = run_dir / "trainer" / policy / "trained.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 

@@ -11,6 +11,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from astraflow.runner.supervisor import SUPERVISOR_ENV, exit_when_orphaned
 from tests.conftest import subprocess_env
 
@@ -62,7 +64,7 @@ def test_an_orphaned_component_exits_after_the_grace_period(tmp_path: Path) -> N
             parent.kill()
 
 
-def test_the_guard_ignores_processes_the_supervisor_did_not_start(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_the_guard_ignores_processes_the_supervisor_did_not_start(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SUPERVISOR_ENV, str(os.getppid() + 1))  # not our parent: a grandchild
     assert exit_when_orphaned() is None
     monkeypatch.delenv(SUPERVISOR_ENV)
@@ -150,7 +152,9 @@ def test_a_finished_run_stops_every_stage_at_once(tmp_path: Path) -> None:
                 c.proc.kill()
 
 
-def test_start_all_starts_only_what_is_not_started_yet(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_start_all_starts_only_what_is_not_started_yet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`astraflow run` starts its components while its broker boots, then calls start_all again
     once the topics are there (the only call on a secured or configured broker): none twice."""
     from astraflow.runner.supervisor import Component, Supervisor

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from astraflow.runner.report import learning, permutation_p_value
@@ -60,7 +62,7 @@ def test_too_short_a_run_has_no_statistics() -> None:
     assert learning(series([0.1] * 9), "reward.success") == {"steps": 9.0}
 
 
-def test_tensorboard_reads_every_metric_back_per_component(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_tensorboard_reads_every_metric_back_per_component(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from astraflow.runner.report import write_tensorboard

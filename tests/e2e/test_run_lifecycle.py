@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import signal
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NoReturn
 
 import pytest
 
@@ -94,8 +96,8 @@ def test_a_killed_supervisor_takes_its_components_and_broker_with_it(tmp_path: P
 
 
 def test_a_broker_that_fails_to_start_stops_the_components_waiting_for_it(
-    tmp_path: Path, monkeypatch
-) -> None:  # type: ignore[no-untyped-def]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The components start while the run's broker boots and wait for their topics; when the broker
     then fails, they stop at their SIGTERM (a clean exit), not at the SIGKILL after their grace."""
     import time
@@ -106,7 +108,7 @@ def test_a_broker_that_fails_to_start_stops_the_components_waiting_for_it(
 
     recipe = recipe_copy("arithmetic", tmp_path, model=TINY, worker={"count": 1})
 
-    def failing_start(*_args, on_address=None, **_kwargs):  # type: ignore[no-untyped-def]
+    def failing_start(*_args: Any, on_address: Callable[[str], None], **_kwargs: Any) -> NoReturn:
         on_address("127.0.0.1:9")  # nothing listens there: the components wait
         time.sleep(12)  # long enough for them to load their models and reach their wait
         raise BrokerError("the Kafka JVM exited with status 1 during start-up")

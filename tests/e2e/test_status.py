@@ -18,13 +18,15 @@ from astraflow.config import KafkaSettings
 from astraflow.kafka import client_config
 from astraflow.records import Metric, WeightVersion, encode
 from astraflow.runner.collector import MetricsCollector
-from tests.conftest import REPO, subprocess_env
+from tests.conftest import REPO, MakeTopics, subprocess_env
 from tests.kafka_helpers import commit
 
 pytestmark = [pytest.mark.broker]
 
 
-def test_collector_reports_lag_dead_letters_metrics_and_weights(kafka: KafkaSettings, topics) -> None:  # type: ignore[no-untyped-def]
+def test_collector_reports_lag_dead_letters_metrics_and_weights(
+    kafka: KafkaSettings, topics: MakeTopics
+) -> None:
     topics(["solver"])
     producer = Producer(client_config(kafka))
     for partition, n in ((0, 8), (1, 3)):  # the workers will have committed 4 and 1 of them
@@ -72,8 +74,8 @@ def test_collector_reports_lag_dead_letters_metrics_and_weights(kafka: KafkaSett
 
 
 def test_collector_stopped_at_once_still_reads_every_metric_there(
-    kafka: KafkaSettings, topics, tmp_path: Path
-) -> None:  # type: ignore[no-untyped-def]
+    kafka: KafkaSettings, topics: MakeTopics, tmp_path: Path
+) -> None:
     """The run report is written from what the collector read: stopped the moment the trainers
     are done, it reads on to the topic's end (one short poll lost a 3-node run's last 6 steps)."""
     topics(["solver"])
@@ -95,7 +97,9 @@ def test_collector_stopped_at_once_still_reads_every_metric_there(
     assert collector.snapshot().of("trainer")[0].step == 39
 
 
-def test_status_command_prints_the_dashboard_of_a_running_system(kafka: KafkaSettings, topics) -> None:  # type: ignore[no-untyped-def]
+def test_status_command_prints_the_dashboard_of_a_running_system(
+    kafka: KafkaSettings, topics: MakeTopics
+) -> None:
     topics(["solver"])
     cmd = [sys.executable, "-m", "astraflow.cli", "status", "--bootstrap", kafka.bootstrap, "--wait", "3"]
     env = subprocess_env(ASTRAFLOW_NAMESPACE=kafka.namespace or "", COLUMNS="200")

@@ -14,6 +14,7 @@ from astraflow.deadletters import DeadLetters, decode_or_deadletter
 from astraflow.kafka import DeliveryError, KafkaReadError, Publisher, TopicReader, read_to_end
 from astraflow.records import DeadLetter, Trajectory, decode, encode
 from astraflow.records.fields import MAX_KEY_BYTES
+from tests.conftest import MakeTopics
 from tests.foundation.strategies import make_traj, seed_records
 from tests.kafka_helpers import read_messages
 
@@ -24,7 +25,7 @@ def read_all(settings: KafkaSettings, topic: str, expect: int, timeout: float = 
     return read_messages(settings, topic, until=lambda got: len(got) >= expect, timeout=timeout, settle=1.0)
 
 
-def test_codec_records_read_back_with_a_plain_consumer(kafka: KafkaSettings, topics) -> None:  # type: ignore[no-untyped-def]
+def test_codec_records_read_back_with_a_plain_consumer(kafka: KafkaSettings, topics: MakeTopics) -> None:
     topics(["solver"])
     records = seed_records()
     pub = Publisher(kafka)
@@ -36,7 +37,9 @@ def test_codec_records_read_back_with_a_plain_consumer(kafka: KafkaSettings, top
     assert [decode(m.value()) for m in msgs] == records
 
 
-def test_wrong_field_type_lands_in_deadletter_with_its_reason(kafka: KafkaSettings, topics) -> None:  # type: ignore[no-untyped-def]
+def test_wrong_field_type_lands_in_deadletter_with_its_reason(
+    kafka: KafkaSettings, topics: MakeTopics
+) -> None:
     topics(["solver"])
     pub = Publisher(kafka)
     good = encode(make_traj())
@@ -73,7 +76,7 @@ def test_wrong_field_type_lands_in_deadletter_with_its_reason(kafka: KafkaSettin
     assert "not a msgpack record" in by_key[b"g3"].error or "expected a msgpack map" in by_key[b"g3"].error
 
 
-def test_oversized_record_is_a_clear_error(kafka: KafkaSettings, topics) -> None:  # type: ignore[no-untyped-def]
+def test_oversized_record_is_a_clear_error(kafka: KafkaSettings, topics: MakeTopics) -> None:
     topics(["solver"])
     pub = Publisher(kafka)
     with pytest.raises(DeliveryError) as info:  # tasks allow 1 MiB; the broker refuses 4 MiB
@@ -85,7 +88,7 @@ def test_oversized_record_is_a_clear_error(kafka: KafkaSettings, topics) -> None
         pub.send_raw("trajectories", os.urandom(20 << 20))  # over the client's own limit
 
 
-def test_a_dead_letter_keeps_what_a_producer_can_send(kafka: KafkaSettings, topics) -> None:  # type: ignore[no-untyped-def]
+def test_a_dead_letter_keeps_what_a_producer_can_send(kafka: KafkaSettings, topics: MakeTopics) -> None:
     """A record that fit its topic only compressed, and a key over MAX_KEY_BYTES, are dead-lettered
     cut (`truncated`). Before, the first raised DeliveryError (a dead letter over the producer's
     message.max.bytes) and the second RecordError (an invalid DeadLetter), and either crashed the
@@ -119,7 +122,7 @@ def _take(reader: TopicReader, n: int, timeout: float = 30.0) -> list:
     return got
 
 
-def test_offsets_advance_only_past_processed_messages(kafka: KafkaSettings, topics) -> None:  # type: ignore[no-untyped-def]
+def test_offsets_advance_only_past_processed_messages(kafka: KafkaSettings, topics: MakeTopics) -> None:
     topics(["solver"])
     pub = Publisher(kafka)
     for i in range(6):
@@ -136,7 +139,7 @@ def test_offsets_advance_only_past_processed_messages(kafka: KafkaSettings, topi
     assert again == [b"m3", b"m4", b"m5"]
 
 
-def test_a_reader_of_an_unknown_topic_raises_naming_it(kafka: KafkaSettings, topics) -> None:  # type: ignore[no-untyped-def]
+def test_a_reader_of_an_unknown_topic_raises_naming_it(kafka: KafkaSettings, topics: MakeTopics) -> None:
     """Subscribed or assigned, a topic that does not exist stops the reader with a clear error
     (the loops this replaced dropped every consumer error and spun on)."""
     topics(["solver"])
@@ -151,7 +154,9 @@ def test_a_reader_of_an_unknown_topic_raises_naming_it(kafka: KafkaSettings, top
             reader.end_offsets(kafka.topic("no-such-topic"), timeout=1.0)  # the assigning readers' check
 
 
-def test_read_to_end_reads_every_partition_from_the_beginning(kafka: KafkaSettings, topics) -> None:  # type: ignore[no-untyped-def]
+def test_read_to_end_reads_every_partition_from_the_beginning(
+    kafka: KafkaSettings, topics: MakeTopics
+) -> None:
     topics(["solver"])
     records = seed_records()
     pub = Publisher(kafka)
@@ -164,7 +169,7 @@ def test_read_to_end_reads_every_partition_from_the_beginning(kafka: KafkaSettin
     assert all(ts > 0 for ts, _ in got)
 
 
-def test_read_to_end_passes_offsets_that_hold_no_message(kafka: KafkaSettings, topics) -> None:  # type: ignore[no-untyped-def]
+def test_read_to_end_passes_offsets_that_hold_no_message(kafka: KafkaSettings, topics: MakeTopics) -> None:
     """A partition whose last offset is a transaction's commit marker (no message shows it) is read
     to its end by the consumer's position: waiting for a message at offset end-1 timed out."""
     from confluent_kafka import Producer
@@ -209,7 +214,9 @@ def test_wait_for_topics_returns_when_they_are_created(kafka: KafkaSettings) -> 
     assert time.monotonic() - started >= 1.0  # it did wait for them
 
 
-def test_wait_for_topics_names_the_missing_ones_after_its_timeout(kafka: KafkaSettings, topics) -> None:  # type: ignore[no-untyped-def]
+def test_wait_for_topics_names_the_missing_ones_after_its_timeout(
+    kafka: KafkaSettings, topics: MakeTopics
+) -> None:
     from astraflow.errors import ConfigError
     from astraflow.kafka import wait_for_topics
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -81,7 +83,7 @@ def test_profile_errors_name_the_problem(tmp_path: Path) -> None:
         topics.load_spec(typo)
 
 
-def spec_file(tmp_path: Path, mutate) -> Path:  # type: ignore[no-untyped-def]
+def spec_file(tmp_path: Path, mutate: Callable[[dict[str, Any]], object]) -> Path:
     data = yaml.safe_load(topics.DEFAULT_SPEC.read_text())
     mutate(data)
     path = tmp_path / "topics.yaml"
@@ -103,7 +105,9 @@ def spec_file(tmp_path: Path, mutate) -> Path:  # type: ignore[no-untyped-def]
         (lambda d: d.pop("topics"), "missing required key 'topics'"),
     ],
 )
-def test_malformed_spec_is_refused_naming_the_key(tmp_path: Path, mutate, words: str) -> None:  # type: ignore[no-untyped-def]
+def test_malformed_spec_is_refused_naming_the_key(
+    tmp_path: Path, mutate: Callable[[dict[str, Any]], object], words: str
+) -> None:
     path = spec_file(tmp_path, mutate)
     with pytest.raises(ConfigError) as info:
         topics.load_spec(path)

@@ -10,14 +10,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 import yaml
 
 from astraflow.config import KafkaSettings
 from astraflow.records import Record, SampleBatch, decode, encode, samples_of
-from tests.conftest import streams_cmd, subprocess_env
+from tests.conftest import MakeTopics, streams_cmd, subprocess_env
 from tests.kafka_helpers import read_messages
 
 READY_MARK = "[^Worker]: Ready"
@@ -182,8 +182,16 @@ def write_recipe(
     return path
 
 
+class MakeHarness(Protocol):
+    """The `streams_harness` fixture: a harness of `policies` and `pipeline` with its topics created."""
+
+    def __call__(
+        self, policies: list[str], pipeline: list[dict[str, Any]], **streams: Any
+    ) -> StreamsHarness: ...
+
+
 @pytest.fixture
-def streams_harness(kafka: KafkaSettings, topics: Any, tmp_path: Path) -> Iterator[Any]:
+def streams_harness(kafka: KafkaSettings, topics: MakeTopics, tmp_path: Path) -> Iterator[MakeHarness]:
     """Call with (policies, pipeline, **streams settings): topics created, recipe written."""
     made: list[StreamsHarness] = []
 

@@ -10,10 +10,12 @@ import signal
 import threading
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
 
 from streams.testing import make_traj
+from tests.streams.conftest import MakeHarness, StreamsHarness
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -34,7 +36,7 @@ def groups(first: int, n: int, interleave: bool = True) -> list:
     return [(grp[i].group_id.encode(), grp[i]) for i in range(SIZE) for grp in trajs]
 
 
-def assert_exactly_once(h, n_groups: int) -> list:  # type: ignore[no-untyped-def]
+def assert_exactly_once(h: StreamsHarness, n_groups: int) -> list[Any]:
     samples = h.records("samples.policy", expect=n_groups * SIZE, timeout=120, settle=4.0)
     ids = Counter(s.traj_id for s in samples)
     dups = {k: v for k, v in ids.items() if v > 1}
@@ -52,7 +54,7 @@ def killed_group(text: str, where: str) -> str:
     return found.group(1)
 
 
-def test_sigkill_inside_an_emission_then_restart(streams_harness) -> None:  # type: ignore[no-untyped-def]
+def test_sigkill_inside_an_emission_then_restart(streams_harness: MakeHarness) -> None:
     h = streams_harness(["policy"], PIPELINE, group=GROUP)
     # 1: dies after half of the 3rd group's Samples are acknowledged (intent written, 2 of 4 out);
     #    the groups emitted in the same batch are left with their intents and none of their Samples
@@ -84,7 +86,7 @@ def test_sigkill_inside_an_emission_then_restart(streams_harness) -> None:  # ty
     assert h.stop(w2) == 0
 
 
-def test_sigkill_between_the_tombstones_and_the_deletes_of_the_bodies(streams_harness) -> None:  # type: ignore[no-untyped-def]
+def test_sigkill_between_the_tombstones_and_the_deletes_of_the_bodies(streams_harness: MakeHarness) -> None:
     """The done tombstones of a batch are acknowledged, their bodies not yet deleted: the restarted
     worker finds the groups done and deletes their bodies (none left on the bodies' changelog)."""
     h = streams_harness(["policy"], PIPELINE, group=GROUP)
@@ -105,7 +107,7 @@ def test_sigkill_between_the_tombstones_and_the_deletes_of_the_bodies(streams_ha
     assert bodies and not {k: v for k, v in bodies.items() if v is not None}  # every entry deleted
 
 
-def test_random_sigkills_while_data_flows(streams_harness) -> None:  # type: ignore[no-untyped-def]
+def test_random_sigkills_while_data_flows(streams_harness: MakeHarness) -> None:
     h = streams_harness(["policy"], PIPELINE, group=GROUP)
     n_groups = 120
     items = groups(0, n_groups)

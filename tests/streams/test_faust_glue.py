@@ -65,8 +65,8 @@ def test_quiet_worker_exits_without_modes_closing_second():
 
 
 def test_an_error_while_the_app_stops_ends_the_task_quietly_and_any_other_stops_the_worker(
-    monkeypatch,
-) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A task still emitting when streams is stopped meets a stopped producer (faust's NotReady): that is
     the stop, not a failure (the run's exit code would say it failed); the same error while running is
     fatal, exit code 70."""

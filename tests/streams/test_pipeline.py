@@ -4,7 +4,9 @@ registry of built-ins and plug-ins, and per-stage counting."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from importlib import metadata
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -52,7 +54,7 @@ def test_validate_accepts_a_good_trajectory() -> None:
         (lambda b: {**b, "t": "Sample"}, "t"),
     ],
 )
-def test_validate_names_the_bad_field(mutate, field) -> None:  # type: ignore[no-untyped-def]
+def test_validate_names_the_bad_field(mutate: Callable[[dict[str, Any]], object], field: str) -> None:
     t = make_traj("t0", 1, group_size=2)
     body = msgpack.unpackb(encode(t), raw=False)
     bad = mutate(body)
@@ -137,7 +139,7 @@ def test_bad_arguments_name_the_stage_and_key() -> None:
         (("replay", "grpo"), r"pipeline\[0\] \(replay\): 'replay' reuses groups before the advantage"),
     ],
 )
-def test_pipeline_order_is_checked(names, message) -> None:  # type: ignore[no-untyped-def]
+def test_pipeline_order_is_checked(names: tuple[str, ...], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         build_pipeline(pipeline(*names), ctx())
 

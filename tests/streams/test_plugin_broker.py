@@ -9,16 +9,18 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from streams.testing import make_traj
 from tests.conftest import REPO, subprocess_env
+from tests.streams.conftest import MakeHarness
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
-PIPELINE = [
+PIPELINE: list[dict[str, Any]] = [
     {"name": "length_penalty", "args": {"per_token": 0.1}},
     {"name": "dr_grpo"},
 ]
@@ -48,7 +50,7 @@ def install_plugin(tmp_path: Path) -> Path:
     return target
 
 
-def test_plugin_runs_in_a_faust_worker(streams_harness, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_plugin_runs_in_a_faust_worker(streams_harness: MakeHarness, tmp_path: Path) -> None:
     h = streams_harness(["policy"], PIPELINE)
     # without the package the name is unknown, and the error lists what is known
     check = subprocess.run(

@@ -10,6 +10,7 @@ import pytest
 
 from astraflow.records import DeadLetter, TaskStats
 from streams.testing import make_traj
+from tests.streams.conftest import MakeHarness
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -17,7 +18,9 @@ PIPELINE = [{"name": "task_stats"}, {"name": "grpo"}]
 GROUP = {"timeout_s": 30.0}
 
 
-def test_poison_task_updates_are_dead_lettered_and_the_worker_keeps_going(streams_harness) -> None:  # type: ignore[no-untyped-def]
+def test_poison_task_updates_are_dead_lettered_and_the_worker_keeps_going(
+    streams_harness: MakeHarness,
+) -> None:
     h = streams_harness(["policy"], PIPELINE, group=GROUP)
     worker = h.start()
     internal = "streams-task-updates"  # namespaced like the app id: <namespace>.streams-task-updates

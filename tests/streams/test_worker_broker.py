@@ -7,19 +7,23 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from pathlib import Path
+from typing import Any
 
 import msgpack
 import numpy as np
 import pytest
 
-from astraflow.records import DeadLetter, Sample, TaskStats, TrajectoryBatch, encode
+from astraflow.config import KafkaSettings
+from astraflow.records import DeadLetter, Sample, TaskStats, Trajectory, TrajectoryBatch, encode
 from streams.advantages import grpo
 from streams.testing import make_traj
+from tests.streams.conftest import MakeHarness
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 POLICIES = ["solver", "verifier"]
-PIPELINE = [
+PIPELINE: list[dict[str, Any]] = [
     {"name": "task_stats"},
     {"name": "truncated"},
     {"name": "zero_variance"},
@@ -30,7 +34,7 @@ SOLVER = [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 1], [1, 0, 1, 0], [0.5, 0, 1, 0.
 VERIFIER = [[0, 1, 1, 1], [1, 1, 1, 0], [0, 0, 1, 1], [0.2, 0.4, 0.6, 0.8], [1, 0, 0, 0], [1, 1, 0, 0]]
 
 
-def traj(task: str, i: int, solver: float, verifier: float, **kw: object):  # type: ignore[no-untyped-def]
+def traj(task: str, i: int, solver: float, verifier: float, **kw: Any) -> Trajectory:
     return make_traj(
         task,
         i,
@@ -38,7 +42,7 @@ def traj(task: str, i: int, solver: float, verifier: float, **kw: object):  # ty
         policies=tuple(POLICIES),
         rewards={"solver": solver, "verifier": verifier},
         **kw,
-    )  # type: ignore[arg-type]
+    )
 
 
 def good_input() -> tuple[list, dict[str, dict[str, float]]]:
@@ -91,7 +95,7 @@ def malformed() -> list[tuple[bytes | None, bytes, str]]:
     ]
 
 
-def test_worker_end_to_end(streams_harness) -> None:  # type: ignore[no-untyped-def]
+def test_worker_end_to_end(streams_harness: MakeHarness) -> None:
     h = streams_harness(POLICIES, PIPELINE, group=GROUP)
     worker = h.start()
     good, expected = good_input()
@@ -180,8 +184,8 @@ def test_worker_end_to_end(streams_harness) -> None:  # type: ignore[no-untyped-
 
 
 def test_a_workers_batches_are_opened_and_a_bad_trajectory_of_one_is_dead_lettered_alone(
-    streams_harness,
-) -> None:  # type: ignore[no-untyped-def]
+    streams_harness: MakeHarness,
+) -> None:
     """Workers send a group's trajectories as one TrajectoryBatch: streams takes each on its own. A
     bad trajectory goes to deadletter alone (its own bytes, the batch's position, the item named) and
     its group is emitted without it at the timeout; a batch under another group's key is refused whole."""
@@ -238,7 +242,7 @@ def test_a_workers_batches_are_opened_and_a_bad_trajectory_of_one_is_dead_letter
 
 
 @pytest.mark.broker
-def test_refuses_to_start_without_its_topics(kafka, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_refuses_to_start_without_its_topics(kafka: KafkaSettings, tmp_path: Path) -> None:
     import subprocess
     import sys
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import REPO, subprocess_env
+from astraflow.config import KafkaSettings
+from tests.conftest import REPO, MakeTopics, subprocess_env
 from tests.trainer.helpers import run_check, torchrun
 
 pytestmark = pytest.mark.slow
@@ -49,8 +50,8 @@ def test_two_gloo_processes_compute_the_same_gradients_and_weights(tmp_path: Pat
 @pytest.mark.broker
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_the_trainer_under_torchrun_trains_like_one_process(
-    kafka, topics, tmp_path: Path, parallel: str
-) -> None:  # type: ignore[no-untyped-def]
+    kafka: KafkaSettings, topics: MakeTopics, tmp_path: Path, parallel: str
+) -> None:
     import yaml
 
     from tests.kafka_helpers import read_now

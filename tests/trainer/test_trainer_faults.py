@@ -18,7 +18,7 @@ import yaml
 from astraflow.config import KafkaSettings, Recipe
 from astraflow.records import WeightVersion
 from astraflow.weights import fetch_weights
-from tests.conftest import subprocess_env
+from tests.conftest import MakeTopics, subprocess_env
 from tests.kafka_helpers import read_now, wait_for
 from tests.trainer.synth import make_group, produce, recipe
 
@@ -75,7 +75,7 @@ def checkpoints(run_dir: Path, policy: str = "p") -> list[int]:
 
 def test_sigkill_between_checkpoints_then_restart_trains_every_group_once(
     kafka: KafkaSettings,
-    topics,  # type: ignore[no-untyped-def]
+    topics: MakeTopics,
     tmp_path: Path,
 ) -> None:
     topics(["p"])
@@ -134,8 +134,8 @@ def test_sigkill_between_checkpoints_then_restart_trains_every_group_once(
     assert fetch_weights(after[-1], fetch_weights(before[2], None)).version == 5
 
 
-def test_sigkill_after_publications_past_the_checkpoint_loses_those_versions_not_their_numbers(  # type: ignore[no-untyped-def]
-    kafka: KafkaSettings, topics, tmp_path: Path
+def test_sigkill_after_publications_past_the_checkpoint_loses_those_versions_not_their_numbers(
+    kafka: KafkaSettings, topics: MakeTopics, tmp_path: Path
 ) -> None:
     """Checkpoints every 4 steps, a version every step: killed after step 6, the trainer resumes at
     step 4. Versions 5 and 6 were announced (workers may hold them), so their numbers are never
@@ -194,7 +194,7 @@ def test_sigkill_after_publications_past_the_checkpoint_loses_those_versions_not
 
 def test_lockstep_policies_never_run_more_than_one_version_apart(
     kafka: KafkaSettings,
-    topics,  # type: ignore[no-untyped-def]
+    topics: MakeTopics,
     tmp_path: Path,
 ) -> None:
     topics(["a", "b"])

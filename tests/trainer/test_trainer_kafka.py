@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from astraflow.config import KafkaSettings
 from astraflow.records import DeadLetter, Metric, WeightVersion
 from astraflow.weights import fetch_weights
+from tests.conftest import MakeTopics
 from tests.kafka_helpers import read_now
 from tests.trainer.helpers import assert_bit_identical
 from tests.trainer.synth import make_group, produce, recipe
@@ -38,7 +39,7 @@ def checkpoint_weights(
 
 def test_ten_published_deltas_rebuild_the_trainers_weights_bit_for_bit(
     kafka: KafkaSettings,
-    topics,  # type: ignore[no-untyped-def]
+    topics: MakeTopics,
     tmp_path: Path,
 ) -> None:
     topics(["p"])
@@ -99,7 +100,7 @@ def test_ten_published_deltas_rebuild_the_trainers_weights_bit_for_bit(
 
 def test_a_checkpoint_loads_with_plain_transformers_and_generates(
     kafka: KafkaSettings,
-    topics,  # type: ignore[no-untyped-def]
+    topics: MakeTopics,
     tmp_path: Path,
 ) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -122,7 +123,7 @@ def test_a_checkpoint_loads_with_plain_transformers_and_generates(
 
 def test_bad_records_duplicates_and_stale_samples_are_counted_not_trained(
     kafka: KafkaSettings,
-    topics,  # type: ignore[no-untyped-def]
+    topics: MakeTopics,
     tmp_path: Path,
 ) -> None:
     topics(["p", "q"])

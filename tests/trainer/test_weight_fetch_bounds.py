@@ -19,9 +19,12 @@ from astraflow.records import WeightVersion
 from astraflow.weights import HeldWeights, WeightIntegrityError, WeightStore, fetch_weights, transport
 from tests.trainer.helpers import assert_bit_identical, nudge, tiny_model
 
+#: version 0 as a worker holds it, and the event of version 1 (a delta on it)
+TwoVersions = tuple[HeldWeights, WeightVersion]
+
 
 @pytest.fixture()
-def two_versions(tmp_path: Path) -> tuple[HeldWeights, WeightVersion]:
+def two_versions(tmp_path: Path) -> TwoVersions:
     model, gen = tiny_model(), torch.Generator().manual_seed(3)
     store = WeightStore(tmp_path / "store", "p", snapshot_every=100)
     first = store.publish(model.state_dict(), 0)
@@ -41,7 +44,7 @@ def _refused_fast(event: WeightVersion, held: HeldWeights | None, match: str) ->
         assert_bit_identical(held.state, before)
 
 
-def test_an_event_pointing_at_dev_zero_is_refused(two_versions) -> None:  # type: ignore[no-untyped-def]
+def test_an_event_pointing_at_dev_zero_is_refused(two_versions: TwoVersions) -> None:
     held, event = two_versions
     _refused_fast(
         dataclasses.replace(
@@ -58,7 +61,9 @@ def test_an_event_pointing_at_dev_zero_is_refused(two_versions) -> None:  # type
     _refused_fast(dataclasses.replace(event, delta_uri="file:///dev/zero"), held, "not a regular file")
 
 
-def test_an_event_pointing_at_a_fifo_is_refused_without_blocking(two_versions, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_an_event_pointing_at_a_fifo_is_refused_without_blocking(
+    two_versions: TwoVersions, tmp_path: Path
+) -> None:
     held, event = two_versions
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)  # no writer ever opens it: a plain open() for reading would wait forever
@@ -66,8 +71,9 @@ def test_an_event_pointing_at_a_fifo_is_refused_without_blocking(two_versions, t
     _refused_fast(dataclasses.replace(event, delta_uri=str(fifo)), held, "not a regular file")
 
 
-def test_a_file_longer_or_shorter_than_the_event_says_is_refused(two_versions) -> None:  # type: ignore[no-untyped-def]
+def test_a_file_longer_or_shorter_than_the_event_says_is_refused(two_versions: TwoVersions) -> None:
     held, event = two_versions
+    assert event.delta_bytes is not None  # version 1 is a delta
     _refused_fast(dataclasses.replace(event, delta_bytes=event.delta_bytes - 10), held, "longer than")
     _refused_fast(
         dataclasses.replace(event, snapshot_bytes=event.snapshot_bytes + 10), None, "the event names"
@@ -107,7 +113,7 @@ class _Liar(_Endless):
 
 
 @pytest.fixture(params=[_Endless, _Liar])
-def hostile_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, type]]:
+def hostile_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, type[_Endless]]]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), request.param)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -121,9 +127,9 @@ def hostile_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, type]]
 
 @pytest.mark.parametrize("cache", [False, True])
 def test_an_endless_http_body_is_refused_at_the_expected_size(
-    two_versions,
-    hostile_server,
-    tmp_path: Path,  # type: ignore[no-untyped-def]
+    two_versions: TwoVersions,
+    hostile_server: tuple[str, type[_Endless]],
+    tmp_path: Path,
     cache: bool,
 ) -> None:
     held, event = two_versions

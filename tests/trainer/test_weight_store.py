@@ -20,15 +20,19 @@ from astraflow.weights import (
 )
 from tests.trainer.helpers import assert_bit_identical, nudge, published, tiny_model
 
+#: the store, the event of each version 0..10 and the published weights of each
+History = tuple[WeightStore, list[WeightVersion], list[dict[str, torch.Tensor]]]
+
 
 @pytest.fixture(scope="module")
-def history(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def history(tmp_path_factory: pytest.TempPathFactory) -> History:
     """A store with versions 0..10 (snapshots at 0, 4, 8) and the bf16 weights of each version."""
     root = tmp_path_factory.mktemp("store")
     model = tiny_model()
     gen = torch.Generator().manual_seed(1)
     store = WeightStore(root, "solver", snapshot_every=4, keep_versions=100)
-    events, weights = [], []
+    events: list[WeightVersion] = []
+    weights: list[dict[str, torch.Tensor]] = []
     for v in range(11):
         if v:
             nudge(model, gen)
@@ -37,18 +41,19 @@ def history(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untype
     return store, events, weights
 
 
-def test_events_describe_snapshots_and_deltas(history) -> None:  # type: ignore[no-untyped-def]
+def test_events_describe_snapshots_and_deltas(history: History) -> None:
     store, events, _ = history
     assert [e.snapshot_version for e in events] == [0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8]
     assert events[0].delta_uri is None and events[0].changed_fraction is None
     for v, e in enumerate(events[1:], start=1):
         assert e.delta_base == v - 1 and e.step == 3 * v and e.dtype == "bfloat16"
-        assert 0 < e.changed_fraction <= 1 and e.delta_bytes < e.snapshot_bytes
+        assert e.changed_fraction is not None and 0 < e.changed_fraction <= 1
+        assert e.delta_bytes is not None and e.delta_bytes < e.snapshot_bytes
         assert decode(encode(e), WeightVersion) == e  # a valid wire record
     assert store.event(7) == events[7]
 
 
-def test_ten_deltas_on_a_snapshot_rebuild_the_published_weights_bit_for_bit(history) -> None:  # type: ignore[no-untyped-def]
+def test_ten_deltas_on_a_snapshot_rebuild_the_published_weights_bit_for_bit(history: History) -> None:
     _, events, weights = history
     held = fetch_weights(events[0], None)
     assert_bit_identical(held.state, weights[0])
@@ -61,7 +66,9 @@ def test_ten_deltas_on_a_snapshot_rebuild_the_published_weights_bit_for_bit(hist
         assert_bit_identical(held.state, weights[v])
 
 
-def test_without_held_weights_the_snapshot_and_following_deltas_are_loaded(history, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_without_held_weights_the_snapshot_and_following_deltas_are_loaded(
+    history: History, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _, events, weights = history
     read = _record_reads(monkeypatch)
     held = fetch_weights(events[10], None)
@@ -70,7 +77,7 @@ def test_without_held_weights_the_snapshot_and_following_deltas_are_loaded(histo
     assert read[0] == events[8].snapshot_uri
 
 
-def test_held_weights_catch_up_by_deltas_only(history, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_held_weights_catch_up_by_deltas_only(history: History, monkeypatch: pytest.MonkeyPatch) -> None:
     _, events, weights = history
     held = fetch_weights(events[6], None)
     read = _record_reads(monkeypatch)
@@ -78,7 +85,7 @@ def test_held_weights_catch_up_by_deltas_only(history, monkeypatch) -> None:  # 
     assert len(read) == 4 and all(".delta." in u for u in read)  # deltas 10, 9, 8, 7 and no snapshot
 
 
-def test_tied_weights_come_back_tied_and_load_into_the_model(history) -> None:  # type: ignore[no-untyped-def]
+def test_tied_weights_come_back_tied_and_load_into_the_model(history: History) -> None:
     _, events, weights = history
     held = fetch_weights(events[5], None)
     assert held.state["lm_head.weight"] is held.state["model.embed_tokens.weight"]
@@ -87,7 +94,7 @@ def test_tied_weights_come_back_tied_and_load_into_the_model(history) -> None:  
     assert_bit_identical(published(model), weights[5])
 
 
-def test_modified_held_weights_fall_back_to_the_snapshot(history) -> None:  # type: ignore[no-untyped-def]
+def test_modified_held_weights_fall_back_to_the_snapshot(history: History) -> None:
     _, events, weights = history
     held = fetch_weights(events[3], None)
     as_float = HeldWeights(3, {k: v.float() for k, v in held.state.items()})
@@ -191,7 +198,7 @@ def _record_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     real = fetch.read_verified
 
-    def spy(uri: str, sha: str, cache_dir=None, **bounds):  # type: ignore[no-untyped-def]
+    def spy(uri: str, sha: str, cache_dir: Path | None = None, **bounds: int | None) -> bytes:
         seen.append(uri)
         return real(uri, sha, cache_dir, **bounds)
 

@@ -200,8 +200,8 @@ def test_every_builtin_env_runs_on_the_torch_engine(codec: Any, tiny_checkpoint:
 
 
 def test_tool_latency_delays_every_environment_step_by_the_episodes_own_draws(
-    codec: Any, monkeypatch
-) -> None:  # type: ignore[no-untyped-def]
+    codec: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`worker.tool_latency`: each environment step of an episode waits a lognormal delay drawn from a
     stream of the episode's own (task, attempt, episode): the same delays wherever it runs, and the
     same trajectory as without latency."""
