@@ -23,12 +23,13 @@ import sys
 import numpy as np
 
 from bench.variants import cli
+from trainer.batching import ORDERS, Order
 
 DELAYS = ((0, 0.5), (1, 0.3), (2, 0.15), (3, 0.05))
 
 
 def simulate(
-    order: str,
+    order: Order,
     seed: int,
     steps: int = 500,
     batch_groups: int = 8,
@@ -40,7 +41,7 @@ def simulate(
     from trainer.batching import GroupBuffer
 
     rng = random.Random(seed)
-    buf = GroupBuffer("p", order=order)  # type: ignore[arg-type]
+    buf = GroupBuffer("p", order=order)
     version = offset = n = 0
     lags: list[int] = []
     for _ in range(steps):
@@ -82,7 +83,7 @@ def simulate_cli(seeds: int) -> None:
     print("| order | seed | stale share | mean lag of trained | versions | groups left queued |")
     print("|---|---:|---:|---:|---:|---:|")
     for seed in range(seeds):
-        for order in ("fifo", "edf"):
+        for order in ORDERS:
             r = simulate(order, seed)
             print(
                 f"| {order} | {seed} | {r['stale_share']:.1%} | {r['lag_mean']:.2f} | {r['versions']:.0f} | "

@@ -20,7 +20,7 @@ from trainer.engine import TrainEngine
 def main(out: Path, policy_loss: str = "ppo") -> None:
     torch.manual_seed(0)
     dist = distributed.init("cpu")
-    loss = LossConfig(policy_loss=policy_loss, m2_threshold=1.0)  # type: ignore[arg-type]
+    loss = LossConfig.model_validate({"policy_loss": policy_loss, "m2_threshold": 1.0})  # from argv
     cfg = TrainerConfig(lr=1e-4, micro_batch_tokens=48, max_grad_norm=1.0, loss=loss)
     engine = TrainEngine(tiny_model(), cfg, torch.device("cpu"), distributed=dist.enabled, pad_id=0)
     for step in (1, 2, 3):

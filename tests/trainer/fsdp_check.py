@@ -26,7 +26,9 @@ def main(out: Path, parallel: str, first: int, last: int, resume: str | None = N
     init = init_checkpoint(TINY, out.parent / "init")
     source = Path(resume) if resume else init
     loss = LossConfig(policy_loss="m2po", m2_threshold=1.0)
-    cfg = TrainerConfig(lr=1e-3, micro_batch_tokens=48, max_grad_norm=1.0, loss=loss, parallel=parallel)  # type: ignore[arg-type]
+    cfg = TrainerConfig.model_validate(  # `parallel` comes from argv
+        {"lr": 1e-3, "micro_batch_tokens": 48, "max_grad_norm": 1.0, "loss": loss, "parallel": parallel}
+    )
     model = load_model(source)
     tokenizer = load_tokenizer(init)
     engine = TrainEngine(model, cfg, torch.device("cpu"), distributed=dist.enabled, pad_id=0)

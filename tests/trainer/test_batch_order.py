@@ -12,7 +12,7 @@ from astraflow.config import Recipe
 from astraflow.config.base import validate_model
 from astraflow.errors import ConfigError
 from tests.trainer.test_batching import sample
-from trainer.batching import GroupBuffer
+from trainer.batching import GroupBuffer, Order
 
 
 def add_group(buf: GroupBuffer, task: str, versions: list[int], partition: int, first_offset: int) -> None:
@@ -80,12 +80,12 @@ def test_out_of_order_batches_never_release_an_untrained_offset() -> None:
 
 
 @pytest.mark.parametrize("order", ["fifo", "edf"])
-def test_reordering_loses_nothing(order: str) -> None:
+def test_reordering_loses_nothing(order: Order) -> None:
     """Random arrival over two partitions and random versions: every sample that came in is trained
     or counted stale exactly once, and the restart offset of each partition never passes the lowest
     offset of a group not yet done."""
     rng = random.Random(7)
-    buf = GroupBuffer("p", order=order)  # type: ignore[arg-type]
+    buf = GroupBuffer("p", order=order)
     next_offset = {0: 0, 1: 0}
     where: dict[str, list[tuple[int, int]]] = {}
     version = trained = stale = 0

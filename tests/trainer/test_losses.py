@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -10,6 +12,7 @@ import torch
 from astraflow.sampling import SamplingSettings
 from trainer.aggregation import aggregate
 from trainer.losses import (
+    KLEstimator,
     LossSettings,
     cispo_loss,
     clipped_pg_loss,
@@ -25,10 +28,12 @@ from trainer.losses import (
 T = torch.tensor
 
 
-def _grad(loss_fn, logp):  # type: ignore[no-untyped-def]
+def _grad(loss_fn: Callable[..., torch.Tensor], logp: torch.Tensor) -> tuple[float, Any]:
+    """The loss at `logp` and its gradient there (nested lists, as `logp`)."""
     logp = logp.clone().requires_grad_(True)
     loss = loss_fn(logp)
     loss.backward()
+    assert logp.grad is not None
     return float(loss.detach()), logp.grad.tolist()
 
 
@@ -243,13 +248,14 @@ def test_every_loss_is_finite_at_a_log_ratio_of_100(settings: LossSettings) -> N
 
 def test_kl_estimators_golden_values_and_gradients() -> None:
     # d = log pi - log ref = 1 and -1
-    for est, values, grads in (
+    cases: list[tuple[KLEstimator, list[float], list[float]]] = [
         ("k1", [1.0, -1.0], [1.0, 1.0]),
         ("k2", [0.5, 0.5], [1.0, -1.0]),  # d
         ("k3", [math.exp(-1), math.e - 2], [1 - math.exp(-1), 1 - math.e]),  # e^-d + d - 1; 1 - e^-d
-    ):
+    ]
+    for est, values, grads in cases:
         logp = T([-1.0, -2.0]).requires_grad_(True)
-        kl = kl_estimate(logp, T([-2.0, -1.0]), est)  # type: ignore[arg-type]
+        kl = kl_estimate(logp, T([-2.0, -1.0]), est)
         kl.sum().backward()
         assert kl.tolist() == pytest.approx(values) and logp.grad.tolist() == pytest.approx(grads), est
     assert kl_k3(T([-1.0]), T([-2.0])).tolist() == pytest.approx([math.exp(-1)])
@@ -261,12 +267,12 @@ def test_what_each_kl_estimator_differentiates_to_in_expectation() -> None:
     theta = T([0.3, -0.5, 1.1]).requires_grad_(True)
     ref = torch.log_softmax(T([1.0, 0.2, -0.4]), -1)
 
-    def expected_grad(k: str) -> torch.Tensor:
+    def expected_grad(k: KLEstimator) -> torch.Tensor:
         logp = torch.log_softmax(theta, -1)
-        (g,) = torch.autograd.grad((logp.exp().detach() * kl_estimate(logp, ref, k)).sum(), theta)  # type: ignore[arg-type]
+        (g,) = torch.autograd.grad((logp.exp().detach() * kl_estimate(logp, ref, k)).sum(), theta)
         return g
 
-    def grad_of(f) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    def grad_of(f: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         logp = torch.log_softmax(theta, -1)
         (g,) = torch.autograd.grad(f(logp), theta)
         return g
@@ -290,15 +296,16 @@ def test_what_each_kl_estimator_differentiates_to_in_expectation() -> None:
 
 def test_kl_in_the_reward_moves_into_the_advantages() -> None:
     logp, ref = T([[-1.0]]), T([[-2.0]])  # d = 1: k1 = 1, k3 = e^-1
-    for est, kl in (("k1", 1.0), ("k3", math.exp(-1))):
-        settings = LossSettings(kl_coef=0.1, kl_estimator=est, kl_in="reward")  # type: ignore[arg-type]
+    cases: list[tuple[KLEstimator, float]] = [("k1", 1.0), ("k3", math.exp(-1))]
+    for est, kl in cases:
+        settings = LossSettings(kl_coef=0.1, kl_estimator=est, kl_in="reward")
         # on-policy (ratio 1): loss = -(A - 0.1 * kl) and so is its gradient; nothing flows through the KL
         value, grad = _grad(
             lambda lp, s=settings: policy_loss(lp, lp.detach(), T([[1.0]]), T([[1]]), s, ref_logp=ref)[0],
             logp,
         )
         assert value == pytest.approx(-(1.0 - 0.1 * kl)) and grad == [pytest.approx([-(1.0 - 0.1 * kl)])]
-        in_loss = LossSettings(kl_coef=0.1, kl_estimator=est, kl_in="loss")  # type: ignore[arg-type]
+        in_loss = LossSettings(kl_coef=0.1, kl_estimator=est, kl_in="loss")
         _, stats = policy_loss(logp, logp, T([[1.0]]), T([[1]]), in_loss, ref_logp=ref)
         assert stats["loss"] == pytest.approx(-1.0 + 0.1 * kl) and stats["kl_ref"] == pytest.approx(kl)
 

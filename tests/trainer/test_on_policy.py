@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import torch
@@ -109,7 +110,7 @@ def test_a_token_outside_the_current_nucleus_is_masked_and_counted(checkpoint: P
     [("float32", True, True), ("bfloat16", True, True), ("bfloat16", False, False)],
 )
 def test_published_weights_are_the_ones_scored(
-    checkpoint: Path, weights_dtype: str, score_published: bool, exact: bool
+    checkpoint: Path, weights_dtype: Literal["float32", "bfloat16"], score_published: bool, exact: bool
 ) -> None:
     """After training, the workers run the *published* weights (rounded to trainer.weights_dtype).
     The trainer scores with those values (score_published_weights), so the ratio stays 1; scoring
@@ -135,7 +136,7 @@ def test_published_weights_are_the_ones_scored(
 
     rows = rows_of(asyncio.run(main()))
     m = rows.mask.bool()
-    cfg = TrainerConfig(weights_dtype=weights_dtype, score_published_weights=score_published)  # type: ignore[arg-type]
+    cfg = TrainerConfig(weights_dtype=weights_dtype, score_published_weights=score_published)
     trainer = TrainEngine(model, cfg, torch.device("cpu"), sampling=sampling)
     trainer.serving_published = True  # as the service sets it once version 1 is out
     gap = (trainer.logprobs(rows) - rows.behaviour)[m].abs()

@@ -29,7 +29,7 @@ import pytest
 
 from tests.workers.sandbox_escapes import ESCAPES
 from tests.workers.sandbox_hostile import FORGERIES, Hostile
-from workers.envs.sandbox import Limits, SandboxResult, run_tests
+from workers.envs.sandbox import Isolation, Limits, SandboxResult, run_tests
 
 TESTS = [[[1], 2], [[5], 6]]
 LIMITS = Limits(cpu_s=1.0, memory_mb=256, wall_s=3.0)
@@ -90,11 +90,11 @@ def outside(monkeypatch: pytest.MonkeyPatch) -> Iterator[Outside]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def run(source: str, isolation: str) -> SandboxResult:
-    return asyncio.run(run_tests(source, "f", TESTS, LIMITS, isolation))  # type: ignore[arg-type]
+def run(source: str, isolation: Isolation) -> SandboxResult:
+    return asyncio.run(run_tests(source, "f", TESTS, LIMITS, isolation))
 
 
-def check(case: Hostile, outside: Outside, isolation: str) -> None:
+def check(case: Hostile, outside: Outside, isolation: Isolation) -> None:
     result = run(outside.fill(case.source), isolation)
     assert result.isolation == ("bwrap" if isolation == "bwrap" else "none"), result
     assert (result.passed, result.score) == (0, 0.0), result

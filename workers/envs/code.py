@@ -13,14 +13,14 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field
 
 from astraflow.config import StrictModel
 from astraflow.records import Task
 from workers.envs.base import Codec, Environment, Step, TaskSpec, cycle_pool
-from workers.envs.sandbox import Limits, run_tests
+from workers.envs.sandbox import Isolation, Limits, run_tests
 
 HEAD = "def f(x):\n return "
 INPUTS = (0, 1, 2, 5, 7, -3, 10)
@@ -41,7 +41,7 @@ class CodeEnv(Environment):
         """Address-space limit of the sandbox process."""
         wall_s: float = Field(default=5.0, gt=0, le=300)
         """Wall-clock limit of one test run (the process group is killed after it)."""
-        isolation: Literal["auto", "bwrap", "none"] = "auto"
+        isolation: Isolation = "auto"
         """bubblewrap for the sandbox: "auto" uses it when it works and else runs unisolated with a
         warning in the log; "bwrap" scores every program 0 where it cannot run; "none" never uses it."""
         judge_latency_s: float = Field(default=0.0, ge=0.0, le=60.0)

@@ -35,6 +35,9 @@ from typing import Any, Literal
 from workers.envs.sandbox_isolation import HARNESS_AT, bwrap_argv, probe, python, seccomp_fd
 from workers.envs.sandbox_judge import judge, plain
 
+#: bubblewrap or not (`run_tests`, the `code` environment's argument)
+Isolation = Literal["auto", "bwrap", "none"]
+
 HARNESS = Path(__file__).with_name("sandbox_harness.py")
 NOBODY = 65534
 
@@ -85,7 +88,7 @@ async def run_tests(
     func: str,
     tests: list[list[Any]],
     limits: Limits = Limits(),
-    isolation: Literal["auto", "bwrap", "none"] = "auto",
+    isolation: Isolation = "auto",
 ) -> SandboxResult:
     """Run `func` of `source` on each (args, expected) of `tests` in the sandbox; judge it here.
 
