@@ -27,7 +27,7 @@ from astraflow import topics as topic_spec
 from astraflow.config import KafkaSettings, ModelSpec, Recipe
 from astraflow.kafka import Publisher, make_admin, resolve
 from astraflow.models import build_model
-from astraflow.records import Metric
+from astraflow.records import Metric, Sample
 from bench.machine import describe
 from bench.trainer_deltas import synthetic_batch
 from trainer.engine import loss_settings, make_optimizer
@@ -38,10 +38,10 @@ from trainer.service import Trainer
 
 def trainer_run(
     settings: KafkaSettings, steps: int, groups: int, publish_every: int, checkpoint_every: int | None = None
-) -> tuple[float, list[list[str]]]:
+) -> tuple[float, list[list[Sample]]]:
     ns = settings.model_copy(update={"namespace": f"bench{uuid.uuid4().hex[:8]}"})
     topic_spec.apply(make_admin(ns), topic_spec.expand(topic_spec.load_spec(), ["p"], ns))
-    samples: dict[str, list] = {}  # type: ignore[type-arg]
+    samples: dict[str, list[Sample]] = {}
     pub = Publisher(ns)
     for step in range(1, steps + 1):
         for s in synthetic_batch(step, groups):
@@ -81,7 +81,7 @@ def _read_metrics(settings: KafkaSettings) -> list[Metric]:
     return sorted((m for m in out if m.component == "trainer"), key=lambda m: m.step)
 
 
-def bare_loop(batches: list[list]) -> float:  # type: ignore[type-arg]
+def bare_loop(batches: list[list[Sample]]) -> float:
     """The same model, optimiser, loss and batches, with nothing around them."""
     from astraflow.config.trainer import TrainerConfig
 

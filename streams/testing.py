@@ -33,6 +33,8 @@ Testing a stage (examples/astraflow-plugin-example/tests/test_length_penalty.py 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -89,16 +91,16 @@ def make_traj(
 
 
 def make_group(
-    rewards: list[float] | list[dict[str, float]],
+    rewards: Sequence[float | dict[str, float]],
     *,
     task: str = "t0",
     policies: tuple[str, ...] = ("policy",),
-    **kw: object,
+    **kw: Any,
 ) -> Group:
     """A complete group of `len(rewards)` trajectories of `task`, the i-th with `rewards[i]`; the
     keyword arguments go to every `make_traj`."""
     trajs = [
-        make_traj(task, i, group_size=len(rewards), policies=policies, rewards=r, **kw)  # type: ignore[arg-type]
+        make_traj(task, i, group_size=len(rewards), policies=policies, rewards=r, **kw)
         for i, r in enumerate(rewards)
     ]
     return Group(

@@ -130,7 +130,7 @@ NAN, INF = math.nan, math.inf
 DROP = object()
 
 
-class Several(dict):  # type: ignore[type-arg]
+class Several(dict[str, Any]):
     """A mutation of several fields at once (a policy renamed where it is named twice)."""
 
 

@@ -227,7 +227,7 @@ def make_traj(**over: object) -> Trajectory:
         created_at=1.7e9,
     )
     base.update(over)
-    return Trajectory(**base)  # type: ignore[arg-type]
+    return Trajectory(**base)
 
 
 def seed_records() -> list[Record]:

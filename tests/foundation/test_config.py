@@ -71,7 +71,7 @@ def test_worker_sampling_settings_load() -> None:
     from astraflow.config import Recipe
     from astraflow.sampling import SamplingSettings
 
-    recipe = Recipe(name="x", worker={"temperature": 0.7, "top_p": 0.9, "top_k": 20})  # type: ignore[arg-type]
+    recipe = Recipe.model_validate({"name": "x", "worker": {"temperature": 0.7, "top_p": 0.9, "top_k": 20}})
     assert SamplingSettings.of(recipe.worker) == SamplingSettings(temperature=0.7, top_p=0.9, top_k=20)
 
 
@@ -184,9 +184,11 @@ def test_bad_engine_sections_fail_when_the_recipe_loads(tmp_path: Path, engine: 
 def test_build_engine_uses_the_typed_arguments() -> None:
     from astraflow.config.worker import SGLangArgs, SGLangEngineConfig
     from workers.engines import build_engine
+    from workers.engines.sglang_engine import SGLangEngine
 
     config = SGLangEngineConfig(type="sglang", args=SGLangArgs(url="http://h:1", urls={"b": "http://h:2"}))
-    assert build_engine(config, "a", "/m").url == "http://h:1"  # type: ignore[attr-defined]
-    assert build_engine(config, "b", "/m").url == "http://h:2"  # type: ignore[attr-defined]
+    a, b = build_engine(config, "a", "/m"), build_engine(config, "b", "/m")
+    assert isinstance(a, SGLangEngine) and a.url == "http://h:1"
+    assert isinstance(b, SGLangEngine) and b.url == "http://h:2"
     with pytest.raises(ConfigError, match="no SGLang url for policy 'a'"):
         build_engine(SGLangEngineConfig(type="sglang"), "a", "/m")

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from astraflow.config.streams import GroupConfig
 from astraflow.records import encode
 from streams.grouping import DONE, INTENT, PENDING, DictTable, GroupCollector, is_run, pack_run
 from streams.testing import make_traj
 
 
-def collector(**kw: object) -> GroupCollector:
-    return GroupCollector(GroupConfig(**kw), DictTable(), DictTable())  # type: ignore[arg-type]
+def collector(**kw: Any) -> GroupCollector:
+    return GroupCollector(GroupConfig(**kw), DictTable(), DictTable())
 
 
 def test_collects_until_complete_and_drops_duplicate_traj_ids() -> None:

@@ -4,7 +4,7 @@ an Emission out: no Kafka, no Faust, no event loop."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -14,9 +14,9 @@ from streams.advantages import GRPO
 from streams.api import Group, Stage, StageContext
 from streams.emit import partition_for
 from streams.filters import ZeroVariance
-from streams.grouping import INTENT, PENDING, OpenGroup
+from streams.grouping import INTENT, PENDING, Action, OpenGroup
 from streams.pipeline import Pipeline
-from streams.plan import Letter, Routes, pack, plan_emission
+from streams.plan import Emission, Letter, Routes, pack, plan_emission
 from streams.reuse import Replay
 from streams.stats import TaskStatsStage, dropped_summary
 from streams.testing import make_traj
@@ -34,6 +34,10 @@ class Boom(Stage):
         raise RuntimeError("boom")
 
 
+#: the states of an open group (streams.grouping.OpenGroup)
+Open = Literal["pending", "intent"]
+
+
 def pipeline(*stages: tuple[str, Any]) -> Pipeline:
     ctx = StageContext(policies=["a", "b"], max_staleness=2)
     for _, stage in stages:
@@ -49,10 +53,10 @@ def trajs(task: str, rewards: list[dict[str, float]]) -> list[Trajectory]:
     ]
 
 
-def meta(ts: list[Trajectory], state: str = PENDING, **extra: Any) -> OpenGroup:
+def meta(ts: list[Trajectory], state: Open = PENDING, **extra: Any) -> OpenGroup:
     return OpenGroup(
         p=5,
-        state=state,  # type: ignore[typeddict-item]
+        state=state,
         first=0.0,
         size=ts[0].group_size,
         ids=[t.traj_id for t in ts],
@@ -71,11 +75,11 @@ def group(ts: list[Trajectory], complete: bool = True) -> Group:
     )
 
 
-def plan(ts: list[Trajectory], p: Pipeline, action: str = "complete", state: str = PENDING) -> Any:
+def plan(ts: list[Trajectory], p: Pipeline, action: Action = "complete", state: Open = PENDING) -> Emission:
     m = meta(ts, state, **({"at": 50.0, "targets": [["ns.samples.a", 3]]} if state == INTENT else {}))
-    bodies = [(t.traj_id, encode(t)) for t in ts]
+    bodies: list[tuple[str, bytes | None]] = [(t.traj_id, encode(t)) for t in ts]
     g = None if action == "timeout_drop" else group(ts, complete=action == "complete")
-    return plan_emission(ts[0].group_id, m, action, g, pipeline=p, routes=ROUTES, bodies=bodies)  # type: ignore[arg-type]
+    return plan_emission(ts[0].group_id, m, action, g, pipeline=p, routes=ROUTES, bodies=bodies)
 
 
 TWO = [{"a": 0.0, "b": 0.0}, {"a": 1.0, "b": 2.0}, {"a": 0.0, "b": 4.0}]

@@ -62,7 +62,7 @@ def test_a_record_under_another_tasks_key_is_refused() -> None:
         parse_summary(pack(GOOD), b"other")
 
 
-class _Table(dict):  # type: ignore[type-arg]
+class _Table(dict[str, Any]):
     def set(self, key: str, value: Any, partition: int) -> None:
         self[key] = value
 

@@ -16,19 +16,19 @@ from tests.trainer.helpers import tiny_model
 from tests.trainer.synth import make_group
 from trainer.engine import TrainEngine
 from trainer.losses import token_logprobs
-from trainer.rows import _logits, collate, micro_batches
+from trainer.rows import Rows, _logits, collate, micro_batches
 
 CPU = torch.device("cpu")
 
 
-def rows_of(n_groups: int = 3):  # type: ignore[no-untyped-def]
+def rows_of(n_groups: int = 3) -> Rows:
     samples = [s for g in range(n_groups) for s in make_group("p", f"e{g}", seed=g, size=3)]
     return collate(samples, pad_id=0)
 
 
 def grads_after_step(
-    cfg: TrainerConfig, rows, model: torch.nn.Module
-) -> tuple[dict[str, torch.Tensor], dict]:  # type: ignore[no-untyped-def]
+    cfg: TrainerConfig, rows: Rows, model: torch.nn.Module
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     engine = TrainEngine(model, cfg, CPU)
     stats = engine.step(rows, 1, float(rows.mask.sum()), float((rows.mask.sum(-1) > 0).sum()))
     return {k: p.grad.clone() for k, p in engine.model.named_parameters()}, stats
@@ -75,7 +75,7 @@ def test_the_m2po_mask_is_the_same_for_one_or_three_micro_batches() -> None:
     one, three = micro_batches(rows, 1 << 16), micro_batches(rows, 48)
     assert (len(one), len(three)) == (1, 3)
 
-    def by_row(parts) -> tuple[dict[tuple[int, ...], list[bool]], dict[str, float]]:  # type: ignore[no-untyped-def]
+    def by_row(parts: list[Rows]) -> tuple[dict[tuple[int, ...], list[bool]], dict[str, float]]:
         keeps, stats = engine.m2po_masks(parts, engine.settings)
         out = {}
         for mb, keep in zip(parts, keeps, strict=True):
@@ -177,7 +177,7 @@ def test_entropy_bonus_decays_to_nothing_at_entropy_decay_steps() -> None:
         [0.5, 0.375, 0.25, 0.0, 0.0]
     )
 
-    def grads_at(cfg: TrainerConfig, step: int) -> tuple[dict[str, torch.Tensor], dict]:  # type: ignore[type-arg]
+    def grads_at(cfg: TrainerConfig, step: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         engine = TrainEngine(copy.deepcopy(model), cfg, CPU)
         stats = engine.step(rows, step, float(rows.mask.sum()), float((rows.mask.sum(-1) > 0).sum()))
         return {k: p.grad.clone() for k, p in engine.model.named_parameters()}, stats

@@ -148,7 +148,8 @@ async def serve(fake: FakeSGLang) -> tuple[web.AppRunner, str]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    assert isinstance(site._server, asyncio.Server)  # started: a listening server
+    port = site._server.sockets[0].getsockname()[1]
     return runner, f"http://127.0.0.1:{port}"
 
 
