@@ -31,6 +31,10 @@ class Record:
     TYPE: ClassVar[str]
     #: Fields that must all have the same length (token-level arrays).
     TOKEN_FIELDS: ClassVar[tuple[str, ...]] = ()
+    # declared, not set: every record class is a dataclass (what `dataclasses.fields` takes), and
+    # `wire_fields` caches its answer in the class's own __dict__
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+    _wire_fields: ClassVar[tuple[tuple[str, Kind], ...]]
 
     def __post_init__(self) -> None:
         # A record is valid from birth: construction normalises (lists become typed arrays) and
@@ -43,8 +47,8 @@ class Record:
         builds its tuple at every call, and validation asks at every record)."""
         found = cls.__dict__.get("_wire_fields")
         if found is None:
-            found = tuple((f.name, f.metadata["kind"]) for f in dataclasses.fields(cls))  # type: ignore[arg-type]
-            cls._wire_fields = found  # type: ignore[attr-defined]
+            found = tuple((f.name, f.metadata["kind"]) for f in dataclasses.fields(cls))
+            cls._wire_fields = found
         return found
 
     def validate(self, known_policies: frozenset[str] | None = None) -> Record:
@@ -104,7 +108,7 @@ class Record:
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
-        for fld in dataclasses.fields(self):  # type: ignore[arg-type]
+        for fld in dataclasses.fields(self):
             a, b = getattr(self, fld.name), getattr(other, fld.name)
             if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
                 if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):

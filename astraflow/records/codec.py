@@ -134,7 +134,7 @@ def decode(
 @functools.cache
 def _layout(cls: type[Record]) -> tuple[frozenset[str], tuple[str, ...], tuple[tuple[str, str], ...]]:
     """A record type's field names, its required ones, and its arrays with their dtypes."""
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    fields = dataclasses.fields(cls)
     required = tuple(
         f.name
         for f in fields

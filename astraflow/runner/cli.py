@@ -24,8 +24,9 @@ def register(app: typer.Typer) -> None:
         ] = None,
         workers: Annotated[int | None, typer.Option(help="Rollout workers (default: worker.count).")] = None,
         dashboard: Annotated[
-            bool, typer.Option("--dashboard/--no-dashboard", help="Live dashboard (default: on a terminal).")
-        ] = None,  # type: ignore[assignment]
+            bool | None,
+            typer.Option("--dashboard/--no-dashboard", help="Live dashboard (default: on a terminal)."),
+        ] = None,
         secure: Annotated[
             bool,
             typer.Option(

@@ -25,10 +25,10 @@ def show_status(
 ) -> int:
     recipe = load_recipe(recipe_path) if recipe_path else None
     base = recipe.kafka if recipe else KafkaSettings()
+    rd = run_dir_of(recipe, run_dir) if recipe is not None else run_dir
     if bootstrap:
         base = base.model_copy(update={"bootstrap": bootstrap})
-    elif recipe is not None or run_dir is not None:
-        rd = run_dir or run_dir_of(recipe)  # type: ignore[arg-type]
+    elif rd is not None:
         found = broker.local_bootstrap(rd / "broker")
         if found and not KafkaSettings.from_env(base).bootstrap:
             base = base.model_copy(update={"bootstrap": found})

@@ -221,9 +221,10 @@ class Supervisor:
         for stage in sorted({stage_of(c) for c in self.components}, reverse=True):
             group = [c for c in self.components if stage_of(c) == stage and c.running]
             for c in group:
+                assert c.proc is not None  # running
                 self.on_event(f"stopping {c.name}")
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(c.proc.pid, signal.SIGTERM)  # type: ignore[union-attr]
+                    os.killpg(c.proc.pid, signal.SIGTERM)
             deadline = time.time() + max((c.stop_timeout_s for c in group), default=0)
             for c in group:
                 assert c.proc is not None

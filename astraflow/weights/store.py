@@ -204,7 +204,8 @@ class WeightStore:
             )
             entry["snapshot_version"] = version
         else:
-            entry["snapshot_version"] = self.entry(latest)["snapshot_version"]  # type: ignore[arg-type]
+            assert latest is not None  # chained: a delta on the latest version
+            entry["snapshot_version"] = self.entry(latest)["snapshot_version"]
         self.manifest["versions"][str(version)] = entry
         self._save_manifest()
         self._last = HeldWeights(version, fmt.with_aliases(unique, aliases))
