@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from astraflow.kafka import Publisher, fetch_limit
 from astraflow.records import DeadLetter, Record, RecordError, decode, encode
@@ -14,6 +14,7 @@ from astraflow.topics import DEADLETTER
 
 log = logging.getLogger(__name__)
 R = TypeVar("R", bound=Record)
+S = TypeVar("S", bound=Record)
 
 
 class DeadLetters:
@@ -76,13 +77,33 @@ class DeadLetters:
         )
 
 
+@overload
 def decode_or_deadletter(
     msg: Any,
     cls: type[R],
     dead: DeadLetters,
     known_policies: frozenset[str] | None = None,
     on_delivery: Callable[[Exception | None], None] | None = None,
-) -> R | None:
+) -> R | None: ...
+
+
+@overload
+def decode_or_deadletter(
+    msg: Any,
+    cls: tuple[type[R], type[S]],
+    dead: DeadLetters,
+    known_policies: frozenset[str] | None = None,
+    on_delivery: Callable[[Exception | None], None] | None = None,
+) -> R | S | None: ...
+
+
+def decode_or_deadletter(
+    msg: Any,
+    cls: type[Record] | tuple[type[Record], type[Record]],
+    dead: DeadLetters,
+    known_policies: frozenset[str] | None = None,
+    on_delivery: Callable[[Exception | None], None] | None = None,
+) -> Record | None:
     """Decode a consumed message as `cls`; a bad one goes to `deadletter` and None is returned."""
     try:
         return decode(msg.value() or b"", cls, known_policies)

@@ -96,7 +96,7 @@ class SampleIntake:
     def _intake(self, msg: Any) -> None:
         """One message: a Sample, or a SampleBatch of one group's (each item checked on its own: a
         bad one is dead-lettered alone, with its own bytes and the batch's position)."""
-        record = decode_or_deadletter(msg, (Sample, SampleBatch), self.dead, self.policies)  # type: ignore[arg-type]
+        record = decode_or_deadletter(msg, (Sample, SampleBatch), self.dead, self.policies)
         if record is None:
             self.buffer.consumed(msg.partition(), msg.offset())
             return

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import struct
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import msgpack
 import numpy as np
@@ -35,6 +35,7 @@ _CODE_DTYPES = {code: dt.newbyteorder("<") for dt, code in _DTYPE_CODES.items()}
 _HEADER = struct.Struct("<BI")
 
 R = TypeVar("R", bound=Record)
+S = TypeVar("S", bound=Record)
 
 
 def _pack_array(arr: np.ndarray) -> msgpack.ExtType:
@@ -83,11 +84,39 @@ def encode(record: Record, known_policies: frozenset[str] | None = None) -> byte
     return msgpack.packb(body, default=_default, use_bin_type=True)
 
 
+@overload
+def decode(
+    data: bytes | bytearray | memoryview, expected: type[R], known_policies: frozenset[str] | None = None
+) -> R: ...
+
+
+@overload
 def decode(
     data: bytes | bytearray | memoryview,
-    expected: type[R] | tuple[type[Record], ...] | None = None,
+    expected: tuple[type[R], type[S]],
     known_policies: frozenset[str] | None = None,
-) -> R:
+) -> R | S: ...
+
+
+@overload
+def decode(
+    data: bytes | bytearray | memoryview,
+    expected: tuple[type[R], ...],
+    known_policies: frozenset[str] | None = None,
+) -> R: ...
+
+
+@overload
+def decode(
+    data: bytes | bytearray | memoryview, expected: None = None, known_policies: frozenset[str] | None = None
+) -> Record: ...
+
+
+def decode(
+    data: bytes | bytearray | memoryview,
+    expected: type[Record] | tuple[type[Record], ...] | None = None,
+    known_policies: frozenset[str] | None = None,
+) -> Record:
     """Decode and validate one record. Raises RecordError (and nothing else) on bad input.
 
     With `expected` (a type, or a tuple of them), a record of another type is an error, found before
@@ -128,7 +157,7 @@ def decode(
     if wanted and cls not in wanted:
         names = " or ".join(w.TYPE for w in wanted)
         raise RecordError("t", f"expected a {names} record, got {type_name}")
-    return _build(cls, body, known_policies)  # type: ignore[return-value]
+    return _build(cls, body, known_policies)
 
 
 @functools.cache
