@@ -38,9 +38,10 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from astraflow.config.trainer import TrainerConfig
 from astraflow.errors import AstraFlowError
@@ -48,6 +49,9 @@ from astraflow.sampling import SamplingSettings
 from trainer import sharding
 from trainer.losses import LossSettings, log_ratio, m2po_cut, policy_loss, token_logprobs
 from trainer.rows import Rows, _logits, micro_batches
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule  # what fully_shard makes of the model
 
 #: Sums reduced over micro-batches and ranks (order matters: they travel as one tensor).
 STAT_KEYS = (
@@ -139,8 +143,6 @@ class TrainEngine:
                 }
             sharding.shard(self.model)  # in place: the model is its own wrapper
         elif distributed:
-            from torch.nn.parallel import DistributedDataParallel
-
             self.wrapped = DistributedDataParallel(
                 self.model, device_ids=[device.index] if device.type == "cuda" else None
             )
@@ -227,9 +229,9 @@ class TrainEngine:
                 sync = i == len(parts) - 1
                 no_sync: Any = contextlib.nullcontext()
                 if self.sharded:  # FSDP2: keep unsharded gradients locally, reduce-scatter on the last
-                    self.model.set_requires_gradient_sync(sync)  # type: ignore[operator]
+                    cast("FSDPModule", self.model).set_requires_gradient_sync(sync)
                 elif self.distributed and not sync:  # accumulate locally; all-reduce on the last micro-batch
-                    no_sync = self.wrapped.no_sync()  # type: ignore[operator]
+                    no_sync = cast(DistributedDataParallel, self.wrapped).no_sync()
                 with no_sync:
                     for k, v in self._micro_step(mb, settings, num_tokens, num_seqs, keeps[i]).items():
                         sums[k] += v

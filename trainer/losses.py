@@ -344,10 +344,19 @@ def policy_loss(
         if settings.kl_in == "reward" and settings.kl_coef:
             advantages = advantages - settings.kl_coef * kl.detach()
     pg, clipped, is_weight = _surrogate(logp, behaviour_logp, advantages, mask, settings, m2po_keep)
-    agg = dict(
-        mode=settings.aggregation, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=settings.norm_length
-    )
-    pg_loss = aggregate(pg, mask, **agg)  # type: ignore[arg-type]
+
+    def agg(per_token: torch.Tensor) -> torch.Tensor:
+        """`per_token` reduced over `mask` the way `settings.aggregation` says."""
+        return aggregate(
+            per_token,
+            mask,
+            settings.aggregation,
+            num_tokens=num_tokens,
+            num_seqs=num_seqs,
+            norm_length=settings.norm_length,
+        )
+
+    pg_loss = agg(pg)
     loss = pg_loss
     m = mask.bool()
     with torch.no_grad():
@@ -361,7 +370,7 @@ def policy_loss(
             "mismatch.kl": float((torch.exp(ratio_log) - 1.0 - ratio_log).sum()),
         }
     if kl is not None:
-        kl_loss = aggregate(kl, mask, **agg)  # type: ignore[arg-type]
+        kl_loss = agg(kl)
         if settings.kl_coef and settings.kl_in == "loss":
             loss = loss + settings.kl_coef * kl_loss
         stats["kl_ref"] = float(kl.detach()[m].sum())
@@ -369,6 +378,6 @@ def policy_loss(
     if entropy is not None:
         stats["entropy"] = float(entropy.detach()[m].sum())
         if settings.entropy_coef:
-            loss = loss - settings.entropy_coef * aggregate(entropy, mask, **agg)  # type: ignore[arg-type]
+            loss = loss - settings.entropy_coef * agg(entropy)
     stats["loss"] = float(loss.detach())
     return loss, stats
