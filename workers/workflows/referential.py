@@ -8,8 +8,18 @@ both are rewarded 1 when the listener picks the target.
 
 from __future__ import annotations
 
-from workers.envs.base import Environment
+from typing import Any, Protocol, cast
+
+from workers.envs.base import Codec, Environment
 from workers.workflows.base import EpisodeContext, View, Workflow, require
+
+
+class ListenerGame(Protocol):
+    """What the workflow asks of its environment besides `Environment` (check_env requires it)."""
+
+    def listener_prompt(self, state: Any) -> tuple[str, str]: ...
+    def listener_params(self, codec: Codec) -> dict[str, Any]: ...
+    def success(self, state: Any, choice: list[int], codec: Codec) -> bool: ...
 
 
 class ReferentialWorkflow(Workflow):
@@ -24,6 +34,7 @@ class ReferentialWorkflow(Workflow):
         speaker = ctx.policy("speaker", self.roles)
         listener = ctx.policy("listener", self.roles)
         codec, env = ctx.codec, ctx.env
+        game = cast(ListenerGame, env)  # check_env required these methods
         state, observation = env.reset(ctx.task, codec, ctx.rng)
         shared = getattr(env.args, "shared_randomness", False)
         seed = ctx.rng.getrandbits(62) if shared else None  # one per episode, from the episode's own rng
@@ -31,17 +42,17 @@ class ReferentialWorkflow(Workflow):
         said.add_env([codec.bos, *codec.ids(observation)])
         message = await ctx.generate(said, speaker, **env.turn_params(state, codec), seed=seed)
         heard = View(policies=[listener])
-        before, after = env.listener_prompt(state)  # type: ignore[attr-defined]
+        before, after = game.listener_prompt(state)
         heard.add_env([codec.bos, *codec.ids(before)])
         heard.add_env(message.tokens)
         heard.add_env(codec.ids(after))
         choice = await ctx.generate(
             heard,
             listener,
-            **env.listener_params(codec),  # type: ignore[attr-defined]
+            **game.listener_params(codec),
             seed=seed,
         )
-        reward = 1.0 if env.success(state, choice.tokens, codec) else 0.0  # type: ignore[attr-defined]
+        reward = 1.0 if game.success(state, choice.tokens, codec) else 0.0
         said.rewards = {speaker: reward}
         heard.rewards = {listener: reward}
         for view, result in ((said, message), (heard, choice)):
