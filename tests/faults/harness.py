@@ -12,7 +12,7 @@ import subprocess
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 import yaml
@@ -21,9 +21,8 @@ from astraflow.broker import BrokerState
 from astraflow.config import KafkaSettings
 from astraflow.runner.ledger import Ledger, build
 from tests.conftest import REPO, cli, run_cmd, subprocess_env
-from tests.e2e.helpers import processes_of, trainer_steps
+from tests.e2e.helpers import TINY, processes_of, trainer_steps
 
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
 KINDS = ("worker", "streams", "trainer", "feed")
 BATCH_GROUPS = 2
 # the marks of a test that faults a whole `astraflow run` (its timeout: a loaded 2-core machine)
@@ -36,13 +35,19 @@ RUN_MARKS = [
 ]
 
 
-def start_run(recipe: Path, run_dir: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+class RunProcess(subprocess.Popen[str]):
+    """An `astraflow run` of `start_run`, with the file its output goes to."""
+
+    output_file: IO[str]
+
+
+def start_run(recipe: Path, run_dir: Path, env: dict[str, str], *args: str) -> RunProcess:
     """`astraflow run` with its output in a file next to the run directory (`finish` reads it): a
     pipe nobody reads while the run goes on fills up, and the supervisor then blocks writing to it
     (crash events carry log tails), which looks exactly like a stall."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     out = open(run_dir.parent / f"{run_dir.name}-{time.time_ns()}.out", "w+")  # noqa: SIM115 - closed by finish
-    proc = subprocess.Popen(
+    proc = RunProcess(
         run_cmd(recipe, run_dir, *args),
         env=env,
         stdout=out,
@@ -50,11 +55,11 @@ def start_run(recipe: Path, run_dir: Path, env: dict[str, str], *args: str) -> s
         text=True,
         cwd=REPO,
     )
-    proc.output_file = out  # type: ignore[attr-defined]
+    proc.output_file = out
     return proc
 
 
-def finish(proc: subprocess.Popen[str], timeout: float) -> str:
+def finish(proc: RunProcess, timeout: float) -> str:
     """Wait for a run of `start_run` to exit (SIGINT, then fail, after `timeout`); its output."""
     try:
         proc.wait(timeout=timeout)
@@ -67,8 +72,8 @@ def finish(proc: subprocess.Popen[str], timeout: float) -> str:
     return output(proc)
 
 
-def output(proc: subprocess.Popen[str]) -> str:
-    out = proc.output_file  # type: ignore[attr-defined]
+def output(proc: RunProcess) -> str:
+    out = proc.output_file
     out.flush()
     return Path(out.name).read_text(errors="replace")
 
@@ -169,7 +174,7 @@ def catches_sigterm(pid: int) -> bool:
 
 def drain(
     run_dir: Path,
-    proc: subprocess.Popen[str],
+    proc: RunProcess,
     env: dict[str, str],
     policies: list[str],
     batch_groups: int,
@@ -205,7 +210,7 @@ def drain(
     return ledger
 
 
-def wait_steps(run_dir: Path, policy: str, target: int, proc: subprocess.Popen[str], timeout: float) -> float:
+def wait_steps(run_dir: Path, policy: str, target: int, proc: RunProcess, timeout: float) -> float:
     """Wait until the trainer of `policy` reports `target` steps; the seconds it took. A stall (no
     such step in `timeout`) or an exit of the run fails with the run's output."""
     start = time.monotonic()
