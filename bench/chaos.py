@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import random
-import signal
 import subprocess
 import tempfile
 import time
@@ -34,12 +33,12 @@ from tests.faults.harness import (
     component_pids,
     drain,
     fault_recipe,
-    finish,
     kill_broker,
     kill_component,
     restart_broker,
     settings_of,
     start_run,
+    stop,
     wait_steps,
 )
 
@@ -130,9 +129,7 @@ def main() -> int:
         else:
             ledger = build(run_dir, settings_of(run_dir, env), [POLICY])
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        out = finish(proc, 600)
+        out = stop(proc, 600)
         broker.stop(broker_dir)
     fired = sorted(p.name for p in (run_dir / "trainer" / POLICY).glob("failpoint-*"))
     problems = ledger.problems(BATCH_GROUPS, drained=not stalls)

@@ -59,6 +59,13 @@ def start_run(recipe: Path, run_dir: Path, env: dict[str, str], *args: str) -> R
     return proc
 
 
+def stop(proc: RunProcess, timeout: float) -> str:
+    """Ctrl-C the run unless it has exited already, and `finish` it: its output."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    return finish(proc, timeout)
+
+
 def finish(proc: RunProcess, timeout: float) -> str:
     """Wait for a run of `start_run` to exit (SIGINT, then fail, after `timeout`); its output."""
     try:

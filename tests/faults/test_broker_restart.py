@@ -4,7 +4,6 @@ the run reaches its steps and its ledger at drain shows nothing lost and nothing
 
 from __future__ import annotations
 
-import signal
 import time
 from pathlib import Path
 
@@ -18,10 +17,10 @@ from tests.faults.harness import (
     component_pids,
     drain,
     fault_recipe,
-    finish,
     kill_broker,
     restart_broker,
     start_run,
+    stop,
     wait_steps,
 )
 
@@ -45,9 +44,7 @@ def test_a_broker_killed_and_restarted_under_load_loses_nothing(tmp_path: Path) 
         wait_steps(run_dir, "solver", at_kill + 4, proc, 900)  # no stall: the clients reconnected
         ledger = drain(run_dir, proc, env, ["solver"], BATCH_GROUPS)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        out = finish(proc, 300)
+        out = stop(proc, 300)
     assert proc.returncode == 0, out[-3000:]
     assert processes_of(run_dir) == []  # the restarted broker is stopped with the run
     assert ledger.problems(BATCH_GROUPS) == [], ledger.line()

@@ -9,7 +9,6 @@ emitting every 8th group, and its worker to a SIGKILL from outside."""
 
 from __future__ import annotations
 
-import signal
 import time
 from pathlib import Path
 
@@ -23,10 +22,10 @@ from tests.faults.harness import (
     component_pids,
     drain,
     fault_recipe,
-    finish,
     kill_component,
     settings_of,
     start_run,
+    stop,
     wait_steps,
 )
 
@@ -71,9 +70,7 @@ def test_each_component_and_the_supervisor_killed_mid_run_lose_and_duplicate_not
         wait_steps(run_dir, "solver", at + 10, second, 900)  # no stall: past every failpoint
         ledger = drain(run_dir, second, env, ["solver"], BATCH_GROUPS)
     finally:
-        if second.poll() is None:
-            second.send_signal(signal.SIGINT)
-        out = finish(second, 300)
+        out = stop(second, 300)
     assert second.returncode == 0, out[-3000:]
     assert "resuming arithmetic" in out
 

@@ -20,7 +20,6 @@ and offset it was produced at.
 from __future__ import annotations
 
 import re
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from tests.faults.harness import (
     finish,
     settings_of,
     start_run,
+    stop,
     wait_steps,
 )
 
@@ -198,9 +198,7 @@ def test_ten_thousand_fuzzed_records_are_dead_lettered_and_crash_nothing(
         assert not crashes(run_dir), crashes(run_dir)[:6000]
         assert {kind: component_pids(run_dir, kind) for kind in pids} == pids, "a component was replaced"
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        out = finish(proc, 300)
+        out = stop(proc, 300)
     assert proc.returncode == 0, out[-3000:]
     assert summary(run_dir)["restarts"] == {}, summary(run_dir)["restarts"]
     wrong = problems(delivered, found)
