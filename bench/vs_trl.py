@@ -106,24 +106,25 @@ def final_checkpoint(run_dir: Path) -> Path:
     return found[-1]
 
 
+def timed_run(what: str, argv: list[str], log: Path, env: dict[str, str] | None = None) -> float:
+    """Run `argv` in the repository with its output in `log`; the seconds it took. A failure names
+    `what`, the log and its tail."""
+    start = time.perf_counter()
+    with log.open("w") as out:
+        done = subprocess.run(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    total = time.perf_counter() - start
+    if done.returncode:
+        raise RuntimeError(f"{what} exited {done.returncode}; see {log}:\n{log.read_text()[-3000:]}")
+    return total
+
+
 def run_astraflow(init: Path, steps: int, lr: float, work: Path) -> dict[str, Any]:
     from bench.learning_seeds import run_command
 
     recipe_file = work / "arithmetic-vs-trl.yaml"
     recipe_file.write_text(yaml.safe_dump(bench_recipe(yaml.safe_load(RECIPE.read_text()), init, steps, lr)))
     run_dir = work / "astraflow"
-    log = work / "astraflow.log"
-    start = time.perf_counter()
-    with log.open("w") as out:
-        done = subprocess.run(
-            run_command(recipe_file, run_dir, steps),
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    total = time.perf_counter() - start
-    if done.returncode:
-        raise RuntimeError(f"astraflow run exited {done.returncode}; see {log}")
+    total = timed_run("astraflow run", run_command(recipe_file, run_dir, steps), work / "astraflow.log")
     return {
         "total_s": total,
         **astraflow_metrics(run_dir, steps),
@@ -246,26 +247,16 @@ def run_trl(python: Path, init: Path, steps: int, seed: int, lr: float, work: Pa
         "CUDA_VISIBLE_DEVICES": "",
         "TOKENIZERS_PARALLELISM": "false",
     }
-    start = time.perf_counter()
-    with log.open("w") as out:
-        done = subprocess.run(
-            [
-                str(python),
-                "-m",
-                "bench.vs_trl",
-                "--trl-child",
-                str(cfg_file),
-                "--trl-result",
-                str(result_file),
-            ],
-            cwd=REPO,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    total = time.perf_counter() - start
-    if done.returncode:
-        raise RuntimeError(f"the TRL run exited {done.returncode}; see {log}:\n{log.read_text()[-3000:]}")
+    child = [
+        str(python),
+        "-m",
+        "bench.vs_trl",
+        "--trl-child",
+        str(cfg_file),
+        "--trl-result",
+        str(result_file),
+    ]
+    total = timed_run("the TRL run", child, log, env)
     return {"total_s": total, **json.loads(result_file.read_text())}
 
 
