@@ -90,7 +90,7 @@ def test_the_runtime_dead_letters_poison_and_keeps_folding() -> None:
 
     async def main() -> None:
         for event in events:
-            await StreamsRuntime.on_task_update(runtime, event)  # type: ignore[arg-type]
+            await StreamsRuntime.on_task_update(runtime, event)
 
     asyncio.run(main())
     letters = runtime.letters
@@ -136,7 +136,7 @@ def test_the_task_stats_table_stays_bounded_and_keeps_the_recent_tasks() -> None
             summary = summarize(make_group([1.0, 0.0], task=task))
             event = _event(pack(summary), task.encode(), i)
             event.message.partition = i % 3
-            await StreamsRuntime.on_task_update(runtime, event)  # type: ignore[arg-type]
+            await StreamsRuntime.on_task_update(runtime, event)
             assert len(runtime.stats_table) <= 100
 
     asyncio.run(main())

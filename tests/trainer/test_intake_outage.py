@@ -48,14 +48,14 @@ def test_a_broker_that_cannot_answer_is_asked_again_later(caplog: pytest.LogCapt
         )
     )
     with caplog.at_level(logging.WARNING, logger="trainer.intake"):
-        SampleIntake.grow_partitions(me)  # type: ignore[arg-type]
+        SampleIntake.grow_partitions(me)
     assert me.partitions == [0] and me.partition_check > 0
     assert "no metadata to look for new partitions" in caplog.text and "transport failure" in caplog.text
     me.consumer = _Metadata(topic_error=KafkaError(KafkaError.LEADER_NOT_AVAILABLE))  # back, not ready yet
-    SampleIntake.grow_partitions(me)  # type: ignore[arg-type]
+    SampleIntake.grow_partitions(me)
     assert me.partitions == [0]
     me.consumer = _Metadata(partitions=(0, 1, 2))  # ready, and the topic grew meanwhile
-    SampleIntake.grow_partitions(me)  # type: ignore[arg-type]
+    SampleIntake.grow_partitions(me)
     assert me.partitions == [0, 1, 2] and [tp.partition for tp in me.consumer.assigned] == [1, 2]
 
 
@@ -68,7 +68,7 @@ def test_a_denied_topic_or_a_fatal_error_raises(how: str) -> None:
         "fatal": lambda: _Metadata(KafkaError(KafkaError._FATAL, "fenced", fatal=True)),
     }[how]()
     with pytest.raises(KafkaReadError, match="ns.samples.p"):
-        SampleIntake.grow_partitions(intake(consumer))  # type: ignore[arg-type]
+        SampleIntake.grow_partitions(intake(consumer))
 
 
 def test_reading_a_topics_ends_stops_at_once_on_a_denied_topic_and_waits_out_a_broker_away() -> None:

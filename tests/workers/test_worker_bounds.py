@@ -188,7 +188,7 @@ def test_a_full_worker_keeps_taking_tasks_until_its_queue_is_full(
 
     async def main() -> None:
         w.loop = asyncio.get_running_loop()
-        w.runtime = type("R", (), {"resolve": staticmethod(lambda task: (None, None))})()  # type: ignore[assignment]
+        w.runtime = type("R", (), {"resolve": staticmethod(lambda task: (None, None))})()
         w.reader = w.consumer = tasks  # type: ignore[assignment]
         w.publisher = _Quiet()  # type: ignore[assignment]
         w.dead = _Dead()  # type: ignore[assignment]
@@ -225,7 +225,7 @@ def test_a_task_revoked_by_the_poll_that_fetched_it_gives_back_its_episodes(
 
     monkeypatch.setattr(worker_mod, "run_episode", episode)
     w = _worker(tmp_path)
-    w.runtime = type("R", (), {"resolve": staticmethod(lambda task: (None, None))})()  # type: ignore[assignment]
+    w.runtime = type("R", (), {"resolve": staticmethod(lambda task: (None, None))})()
 
     class _Consumer:
         def commit(self, asynchronous: bool) -> None: ...
