@@ -1,23 +1,34 @@
 """A run with rollout workers started from outside (`astraflow worker` beside `astraflow run`, paced
 by the test-only failpoint ASTRAFLOW_WORKER_FAILPOINT=episode_delay_ms:N), and its ledger: every task
-fed trained exactly once or counted as dropped under a reason. Shared by the elastic tests."""
+fed trained exactly once or counted as dropped under a reason. Shared by the elastic tests:
+`outside_run` starts `astraflow run` with no workers of its own and waits for its first checkpoint,
+`OutsideRun.add_worker` starts one from outside, `OutsideRun.drain` stops the feeder and waits until
+every task fed is accounted for, and `OutsideRun.check` is the ledger of the whole run."""
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
+import os
 import re
 import signal
 import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from astraflow.config import KafkaSettings
-from astraflow.records import trajectories_of
+from astraflow.records import Task, Trajectory, trajectories_of
 from tests.conftest import REPO, worker_cmd
+from tests.e2e.helpers import TINY, finish, recipe_copy, run_env, start_run, wait_for
 from tests.kafka_helpers import read_now
+from tests.workers.kafka_util import read_topic, read_trajectories
+
+GROUP = 4  # episodes a task
 
 # ---------------------------------------------------------------------- the ledger
 
@@ -126,3 +137,91 @@ def stop(procs: dict[str, subprocess.Popen[bytes]], names: list[str], run_dir: P
         assert code == 0, (
             f"worker {w} exited with {code}:\n{(run_dir / f'outside-{w}.log').read_text()[-3000:]}"
         )
+
+
+# ---------------------------------------------------------------------- the run around them
+
+
+def outside_recipe(tmp_path: Path, feeder: dict[str, Any] | None = None, **worker: Any) -> Path:
+    """The arithmetic recipe on the tiny model with no workers of its own, a group a step and a
+    version every two (admission: at most (2 + 1) x 2 x 1 = 6 groups ahead of the trainer); the
+    feeder runs on until the test stops it, so tasks never run out however slowly workers start."""
+    return recipe_copy(
+        "arithmetic",
+        tmp_path,
+        model=TINY,
+        feeder={"group_size": GROUP, **(feeder or {})},
+        worker={"count": 0, "metrics_every_s": 1.0, "drain_timeout_s": 20, **worker},
+        trainer={"batch_groups": 1, "publish_every": 2},
+        run={"max_steps": None},
+    )
+
+
+@dataclass
+class OutsideRun:
+    recipe: Path
+    run_dir: Path
+    env: dict[str, str]
+    kafka: KafkaSettings
+    run: subprocess.Popen[str]
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def add_worker(self, wid: str, max_episodes: int, delay_ms: int) -> None:
+        self.procs[wid] = start_worker(self.recipe, self.run_dir, self.env, wid, max_episodes, delay_ms)
+
+    def trained(self) -> int:
+        return len(trained_groups(self.run_dir, "solver"))
+
+    def drain(self) -> list[str]:
+        """Stop the feeder, wait until every task it fed is trained or dropped, stop the workers
+        still running and the run (exit 0). Returns the group ids fed."""
+        feeder = feeder_pid(self.run_dir)
+        os.kill(feeder, signal.SIGTERM)  # it saves its position and exits 0: the supervisor lets it be
+        wait_for(lambda: not alive(feeder), 120, "the feeder to stop")
+        fed = [t.group_id for t in read_topic(self.kafka, "tasks") if isinstance(t, Task)]
+        wait_for(
+            lambda: accounted(self.run_dir) >= len(fed),
+            600,
+            f"all {len(fed)} tasks fed to be trained or dropped",
+        )
+        stop(self.procs, [w for w, p in self.procs.items() if p.poll() is None], self.run_dir)
+        self.run.send_signal(signal.SIGINT)
+        out = finish(self.run, 240)
+        assert self.run.returncode == 0, out[-3000:]
+        return fed
+
+    def check(self, fed: list[str]) -> list[Trajectory]:
+        """The ledger of the whole run; returns every trajectory."""
+        assert "restarted feeder" not in (self.run_dir / "events.log").read_text()
+        again = [t.group_id for t in read_topic(self.kafka, "tasks") if isinstance(t, Task)]
+        assert sorted(fed) == sorted(again), "fed after the stop"  # partitions interleave in any order
+        check_ledger(fed, trained_groups(self.run_dir, "solver"), dropped_groups(self.run_dir))
+        assert not untrained_batches(self.run_dir, "solver")
+        trajs = read_trajectories(self.kafka)
+        # every episode of every fed task arrived, once per traj_id (re-runs after a rebalance share ids)
+        assert len({t.traj_id for t in trajs}) == len(fed) * GROUP
+        return trajs
+
+
+@contextlib.contextmanager
+def outside_run(recipe: Path, tmp_path: Path, bootstrap: str) -> Iterator[OutsideRun]:
+    """`astraflow run` of `recipe` on the broker at `bootstrap`, up to its initial checkpoint; on
+    the way out, whatever still runs (the run, its outside workers) is killed."""
+    run_dir = tmp_path / "run"
+    env = run_env(bootstrap)
+    kafka = KafkaSettings(bootstrap=bootstrap, namespace=env["ASTRAFLOW_NAMESPACE"])
+    this = OutsideRun(recipe, run_dir, env, kafka, start_run(recipe, run_dir, env))
+    try:
+        wait_for(
+            lambda: (run_dir / "init" / "solver" / "config.json").exists() or this.run.poll() is not None,
+            600,
+            "the run's initial checkpoint",
+        )
+        assert this.run.poll() is None, finish(this.run, 60)[-3000:]
+        yield this
+    finally:
+        procs: list[subprocess.Popen[Any]] = [*this.procs.values(), this.run]
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()

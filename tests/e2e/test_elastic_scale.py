@@ -14,37 +14,18 @@ from __future__ import annotations
 
 import collections
 import datetime
-import os
 import re
-import signal
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from astraflow.config import KafkaSettings
-from astraflow.records import Task, Trajectory
-from tests.e2e.helpers import finish, recipe_copy, run_env, start_run, wait_for
-from tests.e2e.outside import (
-    accounted,
-    alive,
-    check_ledger,
-    dropped_groups,
-    episodes_now,
-    feeder_pid,
-    start_worker,
-    stop,
-    trained_groups,
-    untrained_batches,
-)
-from tests.workers.kafka_util import read_topic, read_trajectories
+from tests.e2e.helpers import wait_for
+from tests.e2e.outside import episodes_now, outside_recipe, outside_run, stop
 
 pytestmark = [pytest.mark.e2e, pytest.mark.broker, pytest.mark.slow]
 
-TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
-GROUP = 4
 #: worker -> (worker.max_episodes, episode delay in ms): up to (episodes / delay) episodes per second;
 #: `fast` and `slow`, the pair that stays, differ 8-fold.
 WORKERS = {
@@ -96,104 +77,47 @@ def partition_moves(run_dir: Path) -> tuple[list[float], int]:
     return gaps, released
 
 
-def trajectories(kafka: KafkaSettings) -> list[Trajectory]:
-    return read_trajectories(kafka)
-
-
 @pytest.mark.timeout(1800)  # about 4 minutes on an idle 2-core machine; a shared one is slower
 def test_workers_scale_1_to_6_to_2_mid_run_and_nothing_is_lost(kafka_bootstrap: str, tmp_path: Path) -> None:
     t0 = time.monotonic()
     marks: dict[str, float] = {}
-    # the feeder runs on (admission: at most (2 + 1) x 2 x 1 = 6 groups ahead of the trainer) until
-    # the test stops it: however slowly the workers start on a busy machine, tasks never run out
-    recipe = recipe_copy(
-        "arithmetic",
-        tmp_path,
-        model=TINY,
-        feeder={"group_size": GROUP},
-        worker={"count": 0, "max_episodes": 2, "metrics_every_s": 1.0, "drain_timeout_s": 20},
-        trainer={"batch_groups": 1, "publish_every": 2},
-        run={"max_steps": None},
-    )
-    run_dir = tmp_path / "run"
-    env = run_env(kafka_bootstrap)
-    kafka = KafkaSettings(bootstrap=kafka_bootstrap, namespace=env["ASTRAFLOW_NAMESPACE"])
-    run = start_run(recipe, run_dir, env)
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    try:
-        wait_for(
-            lambda: (run_dir / "init" / "solver" / "config.json").exists() or run.poll() is not None,
-            600,
-            "the run's initial checkpoint",
-        )
-        assert run.poll() is None, finish(run, 60)[-3000:]
+    recipe = outside_recipe(tmp_path, max_episodes=2)
+    with outside_run(recipe, tmp_path, kafka_bootstrap) as run:
         marks["run up"] = time.monotonic() - t0
         # 1: one worker
-        procs["w0"] = start_worker(recipe, run_dir, env, "w0", *WORKERS["w0"])
-        wait_for(
-            lambda: len(trained_groups(run_dir, "solver")) >= 2, 600, "two groups trained with one worker"
-        )
+        run.add_worker("w0", *WORKERS["w0"])
+        wait_for(lambda: run.trained() >= 2, 600, "two groups trained with one worker")
         marks["1 worker"] = time.monotonic() - t0
         # 2: six workers
         for w in WORKERS:
-            if w not in procs:
-                procs[w] = start_worker(recipe, run_dir, env, w, *WORKERS[w])
+            if w not in run.procs:
+                run.add_worker(w, *WORKERS[w])
         wait_for(
-            lambda: set(procs) <= {t.worker_id for t in trajectories(kafka)},
+            lambda: set(WORKERS) <= set(episodes_now(run.kafka)),
             900,
             "every one of six workers to roll out a task",
         )
         marks["6 workers each rolled out"] = time.monotonic() - t0
         # 3: back to two, the unlike pair
-        stop(procs, ["w0", "w1", "w2", "w3"], run_dir)
+        stop(run.procs, ["w0", "w1", "w2", "w3"], run.run_dir)
         marks["down to 2"] = time.monotonic() - t0
-        at_two = len(trained_groups(run_dir, "solver"))
-        before = episodes_now(kafka)
-        wait_for(
-            lambda: len(trained_groups(run_dir, "solver")) >= at_two + 8, 600, "8 groups trained by the pair"
-        )
+        at_two = run.trained()
+        before = episodes_now(run.kafka)
+        wait_for(lambda: run.trained() >= at_two + 8, 600, "8 groups trained by the pair")
         # 4: no more tasks; everything fed must come out of the loop
-        at_stop = episodes_now(kafka)
-        feeder = feeder_pid(run_dir)
-        os.kill(feeder, signal.SIGTERM)  # it saves its position and exits 0: the supervisor lets it be
-        wait_for(lambda: not alive(feeder), 120, "the feeder to stop")
-        fed = [t.group_id for t in read_topic(kafka, "tasks") if isinstance(t, Task)]
-        wait_for(
-            lambda: accounted(run_dir) >= len(fed), 600, f"all {len(fed)} tasks fed to be trained or dropped"
-        )
+        at_stop = episodes_now(run.kafka)
+        fed = run.drain()
         marks["all accounted"] = time.monotonic() - t0
-        stop(procs, ["fast", "slow"], run_dir)
-        run.send_signal(signal.SIGINT)
-        out = finish(run, 240)
-        assert run.returncode == 0, out[-3000:]
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        if run.poll() is None:
-            run.kill()
-            run.wait()
-    assert "restarted feeder" not in (run_dir / "events.log").read_text()
-    again = [t.group_id for t in read_topic(kafka, "tasks") if isinstance(t, Task)]
-    assert sorted(fed) == sorted(again), "fed after the stop"  # partitions interleave in any order
-    trained = trained_groups(run_dir, "solver")
-    dropped = dropped_groups(run_dir)
-    check_ledger(fed, trained, dropped)
-    assert not untrained_batches(run_dir, "solver")
-    trajs = trajectories(kafka)
+    trajs = run.check(fed)
     episodes = collections.Counter(t.worker_id for t in trajs)
     pair = {w: episodes[w] - before[w] for w in ("fast", "slow")}
     fed_pair = {w: at_stop[w] - before[w] for w in ("fast", "slow")}  # before the drain
-    gaps, released = partition_moves(run_dir)
+    gaps, released = partition_moves(run.run_dir)
     print(
         f"\nelastic scale: {len(fed)} tasks; {marks}; trained before the scale-down {at_two}; trajectories "
         f"per worker {dict(episodes)}, by the pair after it {pair} ({fed_pair} until the feeder "
-        f"stopped); drops {dict(dropped)}; "
-        f"{len(gaps)} partition moves, paused -> assigned s: median "
+        f"stopped); {len(gaps)} partition moves, paused -> assigned s: median "
         f"{statistics.median(gaps) if gaps else 0:.2f}, max {max(gaps, default=0):.2f}; "
         f"{released} tasks released to be re-run"
     )
-    assert all(episodes[w] > 0 for w in procs), episodes
-    # every episode of every fed task arrived, once per traj_id (re-runs after a rebalance share ids)
-    assert len({t.traj_id for t in trajs}) == len(fed) * GROUP
+    assert all(episodes[w] > 0 for w in WORKERS), episodes
