@@ -277,7 +277,9 @@ class Feeder:
     def _resume(self, saved_ends: dict[int, int]) -> None:
         """Find the tasks published after the saved position (a crash between two saves)."""
         reader = TopicReader(
-            self.settings, group=f"feeder-resume-{uuid.uuid4().hex[:8]}", **{"enable.auto.commit": False}
+            self.settings,
+            group=f"feeder-reader-resume-{uuid.uuid4().hex[:8]}",
+            **{"enable.auto.commit": False},
         )
         try:
             self.resume_skip = published_since(

@@ -11,8 +11,9 @@ component's code (keep it in step when a component starts reading or writing ano
   topic), which it creates itself.
 - worker: reads `tasks` (the worker group) and `weights` (groups `weights-reader-*`); writes
   `trajectories`, `metrics`, `deadletter`.
-- feeder: writes `tasks` (and reads its end offsets), reads `weights` and `task-stats` (groups
-  `feeder-reader-*`) and the committed offsets of the worker group (DESCRIBE: it routes tasks to
+- feeder: writes `tasks` and reads it back when it resumes (the tasks published after its last
+  saved position), reads `weights` and `task-stats` (all through groups `feeder-reader-*`) and the
+  committed offsets of the worker group (DESCRIBE: it routes tasks to
   the partitions with the least work outstanding); writes `metrics`, `deadletter`.
 - admin (`astraflow run`, the operator) and the broker are super users: they create topics and
   ACLs and read every group's lag.
@@ -89,7 +90,7 @@ def plan(
     group("worker", g(worker_group))
     group("worker", g("weights-reader-"), PREFIXED)
     # feeder
-    topic("feeder", "tasks", WRITE)
+    topic("feeder", "tasks", WRITE, READ)  # READ: a restarted feeder finds what it published unsaved
     topic("feeder", "weights", READ)
     topic("feeder", "task-stats", READ)
     group("feeder", g("feeder-reader-"), PREFIXED)

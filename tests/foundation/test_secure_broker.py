@@ -142,6 +142,7 @@ def test_the_acl_plan_is_least_privilege() -> None:
     # only the trainer writes weights; only the feeder writes tasks
     assert {x[0] for x in by if x[2] == "ns.weights" and x[3] == "WRITE"} == {"trainer"}
     assert {x[0] for x in by if x[2] == "ns.tasks" and x[3] == "WRITE"} == {"feeder"}
+    assert ("feeder", "TOPIC", "ns.tasks", "READ") in by  # a restarted feeder reads back what it published
     # prefixed grants only where names carry a random suffix or belong to Faust
     prefixed = sorted((g.principal, g.name) for g in grants if g.pattern == "PREFIXED")
     assert prefixed == [
@@ -236,6 +237,26 @@ def test_the_feeder_reads_the_worker_groups_progress_but_may_not_move_it(
     assert probe.failures == 0 and routing.done == dict.fromkeys(range(8), 0), routing.done
     with pytest.raises(KafkaException, match="GROUP_AUTHORIZATION_FAILED"):
         commit(feeder, "workers", "tasks", {0: 1})
+
+
+def test_a_restarted_feeder_may_read_back_the_tasks_it_published(
+    secured: launcher.BrokerState, namespace: str
+) -> None:
+    """Feeder._resume reads `tasks` from the end offsets of its last saved position, through a group
+    of its own prefix: the tasks published after the save are not published again. Before, the feeder
+    principal could not read `tasks` and a restarted feeder on a secured broker failed there."""
+    from astraflow.kafka import Publisher
+    from astraflow.records import Task, encode
+    from workers.feeder_state import published_since
+
+    feeder = settings_of(secured, "feeder", namespace)
+    task = Task(task_id="t", env="arithmetic", roles={"solver": "p"}, group_size=2, prompt="1+1=", seed=0)
+    publisher = Publisher(feeder)
+    publisher.send_raw("tasks", encode(task), task.group_id)
+    publisher.flush(30)
+    with TopicReader(feeder, group="feeder-reader-resume-test", **{"enable.auto.commit": False}) as reader:
+        seen = published_since(reader, feeder.topic("tasks"), {}, reader.end_offsets(feeder.topic("tasks")))
+    assert seen == {task.group_id}
 
 
 def test_a_reader_denied_by_an_acl_raises_at_once_naming_the_topic(
