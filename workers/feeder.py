@@ -232,7 +232,8 @@ class Feeder:
         st = self.stats.get(task.task_id)
         if not sel.enabled or st is None or st.groups < sel.min_groups:
             return False
-        teaches_nothing = st.success_rate >= sel.solved_above or st.success_rate <= sel.unsolved_below
+        unsolved = sel.unsolved_below is not None and st.success_rate <= sel.unsolved_below
+        teaches_nothing = st.success_rate >= sel.solved_above or unsolved
         return not (
             not teaches_nothing
             or self.skips_in_row >= sel.max_skips_in_row

@@ -18,8 +18,10 @@ class SelectiveConfig(StrictModel):
     """Groups a task needs before its statistics are trusted."""
     solved_above: float = Field(default=0.99, ge=0.0, le=1.0)
     """A task whose success rate is at least this is `always solved`."""
-    unsolved_below: float = Field(default=0.01, ge=0.0, le=1.0)
-    """A task whose success rate is at most this is `never solved`."""
+    unsolved_below: float | None = Field(default=0.01, ge=0.0, le=1.0)
+    """A task whose success rate is at most this is `never solved`. None: never-solved tasks are
+    always fed (a task whose first success needs exploration, e.g. the two-digit sums of the full
+    addition task, teaches nothing until it is found)."""
     keep_fraction: float = Field(default=0.1, ge=0.0, le=1.0)
     """Floor: this fraction of skippable tasks is fed anyway (their statistics can change)."""
     max_skips_in_row: int = Field(default=32, ge=1)

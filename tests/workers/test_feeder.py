@@ -85,6 +85,28 @@ def test_selective_rollout_skips_with_a_floor() -> None:
     assert not f.skip(task)  # the floor: never more than max_skips_in_row in a row
 
 
+def test_selective_rollout_may_keep_feeding_tasks_never_solved() -> None:
+    """unsolved_below: None skips only what is always solved: a task whose first success needs
+    exploration keeps its share of the batches."""
+    sel = {"enabled": True, "min_groups": 2, "keep_fraction": 0.0, "solved_above": 0.9}
+    task = Task(task_id="t", env="arithmetic", roles={"agent": "policy"})
+    never = TaskStats(task_id="t", env="arithmetic", groups=5, success_rate=0.0)
+    default = Feeder(
+        make_recipe(feeder={"selective": sel}), Path("/nonexistent"), KafkaSettings(bootstrap="x:1")
+    )
+    default.stats.put(never)
+    assert default.skip(task)  # never solved: skipped by default
+    f = Feeder(
+        make_recipe(feeder={"selective": {**sel, "unsolved_below": None}}),
+        Path("/nonexistent"),
+        KafkaSettings(bootstrap="x:1"),
+    )
+    f.stats.put(never)
+    assert not f.skip(task)
+    f.stats.put(TaskStats(task_id="t", env="arithmetic", groups=5, success_rate=0.95))
+    assert f.skip(task)  # always solved (above 0.9) is still skipped
+
+
 @pytest.mark.broker
 @pytest.mark.slow
 def test_admission_follows_the_slowest_trainer(kafka: KafkaSettings, topics: Any, tmp_path: Path) -> None:
