@@ -189,7 +189,17 @@ def test_read_to_end_passes_offsets_that_hold_no_message(kafka: KafkaSettings, t
     record = seed_records()[0]
     producer.produce(kafka.topic("metrics"), encode(record), key=b"k", partition=0)
     producer.commit_transaction(30)
-    with TopicReader(kafka, ["metrics"], from_beginning=True) as reader:
+    # The coordinator writes the commit marker once the commit is prepared, after
+    # commit_transaction has returned: until then a read_committed reader's end (the last stable
+    # offset) is still 0 (CI: `assert 0 == 2` once, on a loaded machine).
+    deadline = time.monotonic() + 30
+    while True:
+        reader = TopicReader(kafka, ["metrics"], from_beginning=True)
+        if reader.ends[(kafka.topic("metrics"), 0)] == 2 or time.monotonic() > deadline:
+            break
+        reader.close()
+        time.sleep(0.1)
+    with reader:
         assert reader.ends[(kafka.topic("metrics"), 0)] == 2  # the record and the marker
         started = time.monotonic()
         got = [decode(m.value()) for m in reader.to_end(timeout=20)]
