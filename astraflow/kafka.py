@@ -3,8 +3,8 @@
 - `Publisher`: encode-validate-produce of wire records, with delivery errors surfaced, not lost.
 - `TopicReader`: the one consumer of every component, its errors handled here (fatal ones raise
   with topic, partition and offset); `read_to_end` reads a topic from the beginning in one call.
-- `partitions_of`: a topic's partitions as the cluster tells them; `wait_for_topics`: a component
-  started with its run waits for the run's topics.
+- `partitions_of`: a topic's partitions as the cluster tells them, `watermarks` with their offsets;
+  `wait_for_topics`: a component started with its run waits for the run's topics.
 - `make_consumer`: every consumer of the code base is made here (the one Kafka boundary).
 - Re-exported from astraflow/kafka_clients.py: the clients' configuration (`client_config`,
   `producer_config` for idempotent producers, `consumer_config`, `fetch_limit`, `resolve`) and
@@ -54,6 +54,7 @@ __all__ = [  # with those of astraflow/kafka_clients.py, re-exported: this is th
     "make_consumer",
     "make_producer",
     "partitions_of",
+    "watermarks",
     "producer_config",
     "read_to_end",
     "resolve",
@@ -189,6 +190,14 @@ def partitions_of(client: Any, topic: str, timeout: float = 15.0) -> list[int]:
     return sorted(meta.partitions)
 
 
+def watermarks(consumer: Any, topic: str, timeout: float = 5.0) -> dict[int, tuple[int, int]]:
+    """{partition: (low, high)} of `topic`; empty while it has none (errors as `partitions_of`)."""
+    from confluent_kafka import TopicPartition
+
+    parts = partitions_of(consumer, topic, timeout=timeout)
+    return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout) for p in parts}
+
+
 def _accepting(bootstrap: str, timeout: float = 0.5) -> bool:
     """Whether any bootstrap server accepts a TCP connection (no Kafka client: librdkafka logs an
     error line for every refused connection while a broker boots)."""
@@ -291,17 +300,13 @@ class TopicReader:
     def end_offsets(self, topic: str, timeout: float = 30.0) -> dict[int, int]:
         """End offset of every partition of the full topic name `topic`, retrying while a fresh
         topic has no leader yet; a denied or (after `timeout`) missing topic raises KafkaReadError."""
-        from confluent_kafka import KafkaException, TopicPartition
+        from confluent_kafka import KafkaException
 
         deadline = time.monotonic() + timeout
         while True:
             try:
-                parts = partitions_of(self.consumer, topic)
-                if parts:
-                    return {
-                        p: self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)[1]
-                        for p in parts
-                    }
+                if marks := watermarks(self.consumer, topic, timeout=15):
+                    return {p: high for p, (_, high) in marks.items()}
             except KafkaException:
                 if time.monotonic() > deadline:
                     raise
@@ -390,8 +395,6 @@ def read_to_end(settings: KafkaSettings, topic: str, timeout: float = 60.0) -> l
     out: list[tuple[float, Any]] = []
     with TopicReader(settings, [topic], from_beginning=True) as reader:
         for msg in reader.to_end(timeout):
-            try:
+            with contextlib.suppress(RecordError):
                 out.append((msg.timestamp()[1] / 1000.0, decode(msg.value() or b"")))
-            except RecordError:
-                continue
     return out

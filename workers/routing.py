@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from astraflow.config import KafkaSettings
-from astraflow.kafka import make_consumer, partitions_of
+from astraflow.kafka import make_consumer, watermarks
 
 log = logging.getLogger(__name__)
 
@@ -119,13 +119,9 @@ class LoadProbe:
                 log.warning("feeder: cannot read the progress of %s on %s: %s", self.group, self.topic, exc)
 
     def _watermarks(self) -> dict[int, int]:
-        from confluent_kafka import TopicPartition
-
-        highs = {}
-        for p in partitions_of(self.consumer, self.topic, timeout=5.0):
-            low, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=5.0)
-            self.lows[p], highs[p] = low, high
-        return highs
+        marks = watermarks(self.consumer, self.topic)
+        self.lows.update({p: low for p, (low, _) in marks.items()})
+        return {p: high for p, (_, high) in marks.items()}
 
     def _committed(self, partitions: list[int]) -> dict[int, int]:
         from confluent_kafka import TopicPartition

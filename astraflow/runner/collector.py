@@ -26,7 +26,7 @@ from typing import IO, Any
 
 from astraflow.config import KafkaSettings
 from astraflow.errors import AstraFlowError
-from astraflow.kafka import KafkaReadError, TopicReader, make_consumer
+from astraflow.kafka import KafkaReadError, TopicReader, make_consumer, watermarks
 from astraflow.records import Metric, RecordError, WeightVersion, decode
 from astraflow.topics import DEADLETTER, METRICS, TASKS, TRAJECTORIES, WEIGHTS
 
@@ -289,22 +289,9 @@ class Probes:
         self._groups.clear()
 
 
-def _watermarks(consumer: Any, topic: str, timeout: float = 5.0) -> dict[int, tuple[int, int]]:
-    """{partition: (low, high)} of a topic; empty if it does not exist."""
-    from confluent_kafka import TopicPartition
-
-    md = consumer.list_topics(topic, timeout=timeout)
-    if topic not in md.topics or md.topics[topic].error is not None:
-        return {}
-    return {
-        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
-        for p in md.topics[topic].partitions
-    }
-
-
 def topic_size(settings: KafkaSettings, base: str, probes: Probes) -> int:
     """Records in a topic (sum of high watermarks minus low; fine for un-compacted topics)."""
-    marks = _watermarks(probes.consumer, settings.topic(base))
+    marks = watermarks(probes.consumer, settings.topic(base))
     return sum(max(0, high - low) for low, high in marks.values())
 
 
@@ -317,7 +304,7 @@ def consumer_lag(settings: KafkaSettings, groups: dict[str, str | None], probes:
         if group is None:
             continue
         topic = settings.topic(base)
-        highs = {p: high for p, (_, high) in _watermarks(probes.consumer, topic).items()}
+        highs = {p: high for p, (_, high) in watermarks(probes.consumer, topic).items()}
         if not highs:
             continue
         found = probes.committed(group, [TopicPartition(topic, p) for p in highs])
