@@ -6,23 +6,8 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from astraflow.records import (
-    DTYPES,
-    FINISH_REASONS,
-    DeadLetter,
-    Metric,
-    Record,
-    Sample,
-    SampleBatch,
-    Task,
-    TaskStats,
-    Trajectory,
-    TrajectoryBatch,
-    WeightVersion,
-    encode,
-    group_id,
-    traj_id,
-)
+from astraflow import records
+from astraflow.records import DTYPES, FINISH_REASONS, encode, group_id, traj_id
 
 names = st.from_regex(r"[A-Za-z][A-Za-z0-9_\-]{0,15}", fullmatch=True)
 ids = st.text(min_size=1, max_size=40)
@@ -38,8 +23,8 @@ json_values = st.recursive(
 
 
 @st.composite
-def tasks(draw: st.DrawFn) -> Task:
-    return Task(
+def tasks(draw: st.DrawFn) -> records.Task:
+    return records.Task(
         task_id=draw(ids),
         env=draw(names),
         roles=draw(st.dictionaries(names, names, min_size=1, max_size=3)),
@@ -63,11 +48,11 @@ def token_arrays(draw: st.DrawFn, n_policies: int) -> tuple[np.ndarray, ...]:
 
 
 @st.composite
-def trajectories(draw: st.DrawFn) -> Trajectory:
+def trajectories(draw: st.DrawFn) -> records.Trajectory:
     policies = draw(st.lists(names, min_size=1, max_size=3, unique=True))
     tokens, owner, logprobs, versions = draw(token_arrays(len(policies)))
     group_size = draw(st.integers(1, 16))
-    return Trajectory(
+    return records.Trajectory(
         traj_id=draw(ids),
         group_id=draw(ids),
         task_id=draw(ids),
@@ -91,12 +76,12 @@ def trajectories(draw: st.DrawFn) -> Trajectory:
 
 
 @st.composite
-def samples(draw: st.DrawFn) -> Sample:
+def samples(draw: st.DrawFn) -> records.Sample:
     tokens, owner, logprobs, versions = draw(token_arrays(1))
     n = len(tokens)
     adv = np.array(draw(st.lists(st.floats(-10, 10, width=32), min_size=n, max_size=n)), np.float32)
     group_size = draw(st.integers(1, 16))
-    return Sample(
+    return records.Sample(
         policy=draw(names),
         traj_id=draw(ids),
         group_id=draw(ids),
@@ -120,10 +105,10 @@ def samples(draw: st.DrawFn) -> Sample:
 
 
 @st.composite
-def weight_versions(draw: st.DrawFn) -> WeightVersion:
+def weight_versions(draw: st.DrawFn) -> records.WeightVersion:
     version = draw(st.integers(1, 10_000))
     with_delta = draw(st.booleans())
-    return WeightVersion(
+    return records.WeightVersion(
         policy=draw(names),
         version=version,
         step=draw(st.integers(0, 10**6)),
@@ -142,8 +127,8 @@ def weight_versions(draw: st.DrawFn) -> WeightVersion:
 
 
 @st.composite
-def task_stats(draw: st.DrawFn) -> TaskStats:
-    return TaskStats(
+def task_stats(draw: st.DrawFn) -> records.TaskStats:
+    return records.TaskStats(
         task_id=draw(ids),
         env=draw(names),
         groups=draw(st.integers(0, 10**6)),
@@ -157,8 +142,8 @@ def task_stats(draw: st.DrawFn) -> TaskStats:
 
 
 @st.composite
-def metrics(draw: st.DrawFn) -> Metric:
-    return Metric(
+def metrics(draw: st.DrawFn) -> records.Metric:
+    return records.Metric(
         component=draw(names),
         id=draw(ids),
         values=draw(st.dictionaries(st.text(min_size=1, max_size=20), finite, min_size=1, max_size=5)),
@@ -169,8 +154,8 @@ def metrics(draw: st.DrawFn) -> Metric:
 
 
 @st.composite
-def dead_letters(draw: st.DrawFn) -> DeadLetter:
-    return DeadLetter(
+def dead_letters(draw: st.DrawFn) -> records.DeadLetter:
+    return records.DeadLetter(
         source_topic=draw(ids),
         partition=draw(st.integers(-1, 1000)),
         offset=draw(st.integers(-1, 2**62)),
@@ -184,17 +169,17 @@ def dead_letters(draw: st.DrawFn) -> DeadLetter:
 
 
 @st.composite
-def trajectory_batches(draw: st.DrawFn) -> TrajectoryBatch:
+def trajectory_batches(draw: st.DrawFn) -> records.TrajectoryBatch:
     items = draw(
         st.lists(trajectories().map(encode) | st.binary(min_size=0, max_size=50), min_size=1, max_size=4)
     )
-    return TrajectoryBatch(group_id=draw(ids), items=items)
+    return records.TrajectoryBatch(group_id=draw(ids), items=items)
 
 
 @st.composite
-def sample_batches(draw: st.DrawFn) -> SampleBatch:
+def sample_batches(draw: st.DrawFn) -> records.SampleBatch:
     items = draw(st.lists(samples().map(encode) | st.binary(min_size=0, max_size=50), min_size=1, max_size=4))
-    return SampleBatch(group_id=draw(ids), policy=draw(names), items=items)
+    return records.SampleBatch(group_id=draw(ids), policy=draw(names), items=items)
 
 
 ALL = {
@@ -210,7 +195,7 @@ ALL = {
 }
 
 
-def make_traj(**over: object) -> Trajectory:
+def make_traj(**over: object) -> records.Trajectory:
     base: dict = dict(
         traj_id=traj_id("t1", 0, 0),
         group_id=group_id("t1", 0),
@@ -227,10 +212,10 @@ def make_traj(**over: object) -> Trajectory:
         created_at=1.7e9,
     )
     base.update(over)
-    return Trajectory(**base)
+    return records.Trajectory(**base)
 
 
-def seed_records() -> list[Record]:
+def seed_records() -> list[records.Record]:
     """One valid record of every type, to mutate."""
     return [
         make_traj(),
@@ -241,8 +226,10 @@ def seed_records() -> list[Record]:
             rewards={"a": 0.5, "b": -1.0},
             error="boom",
         ),
-        Task(task_id="t1", env="arithmetic", roles={"agent": "solver"}, prompt="3+4=", payload={"answer": 7}),
-        Sample(
+        records.Task(
+            task_id="t1", env="arithmetic", roles={"agent": "solver"}, prompt="3+4=", payload={"answer": 7}
+        ),
+        records.Sample(
             policy="solver",
             traj_id="t#0#1",
             group_id="t#0",
@@ -254,7 +241,7 @@ def seed_records() -> list[Record]:
             versions=[-1, 2, 2],
             advantages=[0, 0.5, 0.5],
         ),
-        WeightVersion(
+        records.WeightVersion(
             policy="solver",
             version=5,
             snapshot_version=4,
@@ -266,9 +253,11 @@ def seed_records() -> list[Record]:
             delta_bytes=100,
             changed_fraction=0.01,
         ),
-        TaskStats(task_id="t1", env="arithmetic", groups=3, samples=24, mean_reward=0.5, success_rate=0.5),
-        Metric(component="worker", id="w1", values={"tokens_per_s": 100.0}),
-        DeadLetter(
+        records.TaskStats(
+            task_id="t1", env="arithmetic", groups=3, samples=24, mean_reward=0.5, success_rate=0.5
+        ),
+        records.Metric(component="worker", id="w1", values={"tokens_per_s": 100.0}),
+        records.DeadLetter(
             source_topic="trajectories",
             partition=1,
             offset=7,
