@@ -10,6 +10,7 @@ red, a stalled trainer with the stage that holds it back (stall.py).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from rich.console import Group
@@ -30,21 +31,35 @@ def _age(t: float) -> str:
     return f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago"
 
 
+def _table(title: str, columns: Iterable[str], left: tuple[str, ...] = ()) -> Table:
+    """A full-width table whose columns are right-aligned numbers, except the `left` ones."""
+    table = Table(title=title, expand=True)
+    for col in columns:
+        table.add_column(col, justify="left" if col in left else "right")
+    return table
+
+
+#: the trainer metrics the policies table shows after step and version: (heading, metric, format)
+TRAINER_METRICS = (
+    ("reward", "reward.mean", "{:.3f}"),
+    ("success", "reward.success", "{:.0%}"),
+    ("loss", "loss", "{:.4f}"),
+    ("tokens/s", "tokens_per_s", "{:.0f}"),
+    ("staleness", "staleness.mean", "{:.2f}"),
+    ("stale dropped", "samples.stale", "{:.0f}"),
+)
+#: the worker counters the workers table shows after worker and region: (heading, metric)
+WORKER_COUNTERS = (
+    ("tokens/s", "worker.tokens_per_s"),
+    ("episodes", "worker.episodes"),
+    ("in flight", "worker.in_flight"),
+    ("tasks done", "worker.tasks_done"),
+)
+
+
 def policies_table(snap: Snapshot, policies: list[str]) -> Table:
-    table = Table(title="policies", expand=True)
-    for col in (
-        "policy",
-        "step",
-        "version",
-        "reward",
-        "success",
-        "loss",
-        "tokens/s",
-        "staleness",
-        "stale dropped",
-        "updated",
-    ):
-        table.add_column(col, justify="right" if col != "policy" else "left")
+    headings = ("policy", "step", "version", *(h for h, _, _ in TRAINER_METRICS), "updated")
+    table = _table("policies", headings, left=("policy",))
     trainers = {i.id: i for i in snap.of("trainer")}
     for p in policies:
         t = trainers.get(f"trainer.{p}")
@@ -54,39 +69,22 @@ def policies_table(snap: Snapshot, policies: list[str]) -> Table:
             p,
             _f(v.get("step"), "{:.0f}"),
             str(wv.version) if wv else _f(v.get("version"), "{:.0f}"),
-            _f(v.get("reward.mean")),
-            _f(v.get("reward.success"), "{:.0%}"),
-            _f(v.get("loss"), "{:.4f}"),
-            _f(v.get("tokens_per_s"), "{:.0f}"),
-            _f(v.get("staleness.mean"), "{:.2f}"),
-            _f(v.get("samples.stale"), "{:.0f}"),
+            *(_f(v.get(metric), fmt) for _, metric, fmt in TRAINER_METRICS),
             _age(t.time) if t else "-",
         )
     return table
 
 
 def workers_table(snap: Snapshot, policies: list[str]) -> Table:
-    table = Table(title="workers", expand=True)
-    for col in (
-        "worker",
-        "region",
-        "tokens/s",
-        "episodes",
-        "in flight",
-        "tasks done",
-        *(f"v[{p}]" for p in policies),
-        "updated",
-    ):
-        table.add_column(col, justify="left" if col in ("worker", "region") else "right")
+    versions = [f"v[{p}]" for p in policies]
+    headings = ("worker", "region", *(h for h, _ in WORKER_COUNTERS), *versions, "updated")
+    table = _table("workers", headings, left=("worker", "region"))
     for w in snap.of("worker"):
         v = w.values
         table.add_row(
             w.id,
             w.region,
-            _f(v.get("worker.tokens_per_s"), "{:.0f}"),
-            _f(v.get("worker.episodes"), "{:.0f}"),
-            _f(v.get("worker.in_flight"), "{:.0f}"),
-            _f(v.get("worker.tasks_done"), "{:.0f}"),
+            *(_f(v.get(metric), "{:.0f}") for _, metric in WORKER_COUNTERS),
             *(_f(v.get(f"worker.weight_version.{p}"), "{:.0f}") for p in policies),
             _age(w.time),
         )
@@ -94,19 +92,20 @@ def workers_table(snap: Snapshot, policies: list[str]) -> Table:
 
 
 def flow_table(snap: Snapshot) -> Table:
-    table = Table(title="dataflow", expand=True)
-    for col in (
-        "feeder published",
-        "ahead of trainers",
-        "tasks lag",
-        "trajectories lag",
-        "trajectories in",
-        "out",
-        "dropped",
-        "pending",
-        "dead letters",
-    ):
-        table.add_column(col, justify="right")
+    table = _table(
+        "dataflow",
+        (
+            "feeder published",
+            "ahead of trainers",
+            "tasks lag",
+            "trajectories lag",
+            "trajectories in",
+            "out",
+            "dropped",
+            "pending",
+            "dead letters",
+        ),
+    )
     feeder = snap.of("feeder")
     fv = feeder[0].values if feeder else {}
     streams = [s.values for s in snap.of("streams")]
