@@ -8,31 +8,26 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 from astraflow.kafka import Publisher
 from astraflow.records import Metric
 from astraflow.topics import METRICS
 
 
+@dataclass(eq=False)
 class MetricsReporter:
     """Publishes Metric records for one component instance."""
 
-    TOPIC = METRICS
+    TOPIC: ClassVar[str] = METRICS
 
-    def __init__(
-        self,
-        publisher: Publisher,
-        component: str,
-        instance_id: str,
-        region: str = "local",
-        every_s: float = 0.0,
-    ) -> None:
-        self.publisher = publisher
-        self.component = component
-        self.instance_id = instance_id
-        self.region = region
-        self.every_s = every_s
-        self._last = 0.0
+    publisher: Publisher
+    component: str
+    instance_id: str
+    region: str = "local"
+    every_s: float = 0.0
+    _last: float = field(default=0.0, init=False)
 
     def report(self, values: dict[str, float], step: int = -1, force: bool = True) -> bool:
         """Publish `values` (non-finite ones are dropped, not sent). With `force=False`, publish
