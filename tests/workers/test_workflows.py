@@ -52,6 +52,17 @@ GUESS_SIX = Task(
 )
 
 
+def referential_task(candidates: str, target: int) -> Task:
+    """A referential-game task: speaker S sees `candidates` and the target index, listener L guesses."""
+    return Task(
+        task_id="r",
+        env="referential_game",
+        roles={"speaker": "S", "listener": "L"},
+        group_size=3,
+        payload={"candidates": candidates, "target": target},
+    )
+
+
 def episode(recipe: Any, codec: Any, task: Task, engines: dict[str, Any], k: int = 0) -> list[Any]:
     trajs, _ = asyncio.run(run_episode(Runtime(recipe, codec), task, k, engines, "w", "eu"))
     return trajs
@@ -98,13 +109,7 @@ def test_solve_and_verify_rewards(codec: Any) -> None:
 
 def test_referential_game_keeps_views_apart(codec: Any) -> None:
     recipe = make_recipe(policies=[{"name": "S"}, {"name": "L"}], feeder={"env": "referential_game"})
-    task = Task(
-        task_id="r",
-        env="referential_game",
-        roles={"speaker": "S", "listener": "L"},
-        group_size=3,
-        payload={"candidates": "ABCD", "target": 2},
-    )
+    task = referential_task("ABCD", target=2)
     s, li = Scripted("S", codec, ["q"]), Scripted("L", codec, ["C"])
     said, heard = episode(recipe, codec, task, {"S": s, "L": li}, k=1)
     assert codec.text(said.tokens.tolist()) == "<bos>ABCD>C:q"
@@ -117,13 +122,7 @@ def test_referential_game_keeps_views_apart(codec: Any) -> None:
 
 
 def test_referential_shared_randomness_gives_both_turns_one_seed_per_episode(codec: Any) -> None:
-    task = Task(
-        task_id="r",
-        env="referential_game",
-        roles={"speaker": "S", "listener": "L"},
-        group_size=3,
-        payload={"candidates": "AB", "target": 0},
-    )
+    task = referential_task("AB", target=0)
     seeds = []
     for shared in (True, False):
         recipe = make_recipe(
