@@ -35,11 +35,11 @@ class CodeEnv(Environment):
 
         max_tokens: int = Field(default=32, ge=1, le=4096)
         """Longest program body the model may write."""
-        cpu_s: float = Field(default=2.0, gt=0, le=60)
+        cpu_s: float = Field(default=Limits.cpu_s, gt=0, le=60)
         """CPU-time limit of one test run."""
-        memory_mb: int = Field(default=256, ge=32, le=16384)
+        memory_mb: int = Field(default=Limits.memory_mb, ge=32, le=16384)
         """Address-space limit of the sandbox process."""
-        wall_s: float = Field(default=5.0, gt=0, le=300)
+        wall_s: float = Field(default=Limits.wall_s, gt=0, le=300)
         """Wall-clock limit of one test run (the process group is killed after it)."""
         isolation: Isolation = "auto"
         """bubblewrap for the sandbox: "auto" uses it when it works and else runs unisolated with a
