@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import threading
 import time
 import uuid
@@ -28,6 +27,7 @@ from astraflow.config.kafka import KafkaSettings
 from astraflow.errors import AstraFlowError, ConfigError, RecordError
 from astraflow.kafka_clients import (
     WARM_TIMEOUT_S,
+    accepting,
     client_config,
     consumer_config,
     fetch_limit,
@@ -191,22 +191,19 @@ def partitions_of(client: Any, topic: str, timeout: float = 15.0) -> list[int]:
 
 
 def watermarks(consumer: Any, topic: str, timeout: float = 5.0) -> dict[int, tuple[int, int]]:
-    """{partition: (low, high)} of `topic`; empty while it has none (errors as `partitions_of`)."""
-    from confluent_kafka import TopicPartition
+    """{partition: (low, high)} of `topic`; empty while it has none (errors as `partitions_of`).
+    One ListOffsets request an end for all partitions (`get_watermark_offsets` sent two a partition:
+    16 a look of the lag and routing probes); high is the consumer's end (read_committed: the LSO)."""
+    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException, TopicPartition
 
     parts = partitions_of(consumer, topic, timeout=timeout)
-    return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout) for p in parts}
-
-
-def _accepting(bootstrap: str, timeout: float = 0.5) -> bool:
-    """Whether any bootstrap server accepts a TCP connection (no Kafka client: librdkafka logs an
-    error line for every refused connection while a broker boots)."""
-    for server in bootstrap.split(","):
-        host, _, port = server.strip().rpartition(":")
-        with contextlib.suppress(OSError, ValueError):
-            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-            return True
-    return False
+    ends = []
+    for at in (OFFSET_BEGINNING, OFFSET_END) if parts else ():
+        found = consumer.offsets_for_times([TopicPartition(topic, p, at) for p in parts], timeout=timeout)
+        if errors := [tp.error for tp in found if tp.error is not None]:
+            raise KafkaException(errors[0])
+        ends.append({tp.partition: tp.offset for tp in found})
+    return {p: (ends[0][p], ends[1][p]) for p in parts}
 
 
 def wait_for_topics(
@@ -235,7 +232,7 @@ def wait_for_topics(
     admin = None
     missing = names
     while not stopped():
-        if admin is None and _accepting(bootstrap):
+        if admin is None and accepting(bootstrap):
             admin = make_admin(settings)
         if admin is not None:
             try:

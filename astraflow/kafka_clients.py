@@ -3,6 +3,7 @@
 - `resolve`: the settings with ASTRAFLOW_* applied and, by default, the local broker's address.
 - `client_config`: what every client shares (bootstrap, client id, SASL/SSL, WAN keepalive);
   `producer_config`: idempotent producers (acks=all, enable.idempotence); `consumer_config`.
+- `accepting`: whether a bootstrap server takes a TCP connection (asked before any client exists).
 - `make_admin`, `make_producer` (connected before its first record). Consumers are made in
   astraflow/kafka.py only (`make_consumer`), beside the reader that handles their errors.
 
@@ -127,3 +128,14 @@ def make_producer(settings: KafkaSettings, **overrides: Any) -> Any:
     with contextlib.suppress(KafkaException):
         producer.list_topics(timeout=WARM_TIMEOUT_S)
     return producer
+
+
+def accepting(bootstrap: str, timeout: float = 0.5) -> bool:
+    """Whether any bootstrap server accepts a TCP connection (no Kafka client: librdkafka logs an
+    error line for every refused connection while a broker boots)."""
+    for server in bootstrap.split(","):
+        host, _, port = server.strip().rpartition(":")
+        with contextlib.suppress(OSError, ValueError):
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+            return True
+    return False
