@@ -8,8 +8,12 @@ everything between steps (Kafka, decoding, grouping, collation, metrics, checkpo
 store, WeightVersion events) counts. The bare loop trains a fresh copy of the same model on the
 same batches in the same order (read back from the trainer's ledger) with the same loss.
 
-    python -m bench.trainer_throughput [--steps 30] [--groups 8]    # needs a broker (ASTRAFLOW_BOOTSTRAP
-                                                                    # or `astraflow broker start`)
+    python -m bench.trainer_throughput [--steps 30] [--groups 8] [--threads N]
+        # needs a broker (ASTRAFLOW_BOOTSTRAP or `astraflow broker start`)
+
+`--threads` sets torch's threads for both (default: torch's own, one a core). `astraflow run` gives each
+torch process its share of the cores (astraflow/runner/plan.py `torch_threads`): one each for a trainer
+and a worker on 2 cores, where the publication thread then has a core of its own.
 """
 
 from __future__ import annotations
@@ -110,12 +114,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--groups", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     args = ap.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     settings = resolve(KafkaSettings())
     print(f"Machine: {describe()}")
     print(
         f"Tiny Qwen2 (hidden 128, 4 layers), {args.steps} steps of {args.groups} groups x 8 samples "
-        f"(~{args.groups * 8 * 32} tokens/step), broker {settings.bootstrap}.\n"
+        f"(~{args.groups * 8 * 32} tokens/step), {torch.get_num_threads()} torch threads, "
+        f"broker {settings.bootstrap}.\n"
     )
     print("| trainer setting | trainer tokens/s | bare loop tokens/s | ratio |")
     print("|---|---:|---:|---:|")
