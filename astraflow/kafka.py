@@ -54,11 +54,11 @@ __all__ = [  # with those of astraflow/kafka_clients.py, re-exported: this is th
     "make_consumer",
     "make_producer",
     "partitions_of",
-    "watermarks",
     "producer_config",
     "read_to_end",
     "resolve",
     "wait_for_topics",
+    "watermarks",
 ]
 
 TOPICS_WAIT_ENV = "ASTRAFLOW_TOPICS_WAIT_S"  # wait_for_topics: how long a component waits for its topics
@@ -196,14 +196,17 @@ def watermarks(consumer: Any, topic: str, timeout: float = 5.0) -> dict[int, tup
     16 a look of the lag and routing probes); high is the consumer's end (read_committed: the LSO)."""
     from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException, TopicPartition
 
-    parts = partitions_of(consumer, topic, timeout=timeout)
-    ends = []
-    for at in (OFFSET_BEGINNING, OFFSET_END) if parts else ():
+    def offsets_at(at: int) -> dict[int, int]:
         found = consumer.offsets_for_times([TopicPartition(topic, p, at) for p in parts], timeout=timeout)
         if errors := [tp.error for tp in found if tp.error is not None]:
             raise KafkaException(errors[0])
-        ends.append({tp.partition: tp.offset for tp in found})
-    return {p: (ends[0][p], ends[1][p]) for p in parts}
+        return {tp.partition: tp.offset for tp in found}
+
+    parts = partitions_of(consumer, topic, timeout=timeout)
+    if not parts:
+        return {}
+    lows, highs = offsets_at(OFFSET_BEGINNING), offsets_at(OFFSET_END)
+    return {p: (lows[p], highs[p]) for p in parts}
 
 
 def wait_for_topics(

@@ -19,7 +19,7 @@ from typing import Any
 from astraflow.config.kafka import KafkaSettings
 from astraflow.deadletters import DeadLetters, decode_or_deadletter
 from astraflow.errors import RecordError
-from astraflow.kafka import TopicReader, partitions_of
+from astraflow.kafka import TopicReader, partitions_of, watermarks
 from astraflow.records import Sample, SampleBatch, batch_items
 from trainer import retention
 from trainer.batching import BadSample, GroupBuffer
@@ -56,7 +56,8 @@ class SampleIntake:
 
     def check_retention(self, offsets: dict[int, int]) -> None:
         """Say so when retention deleted samples past the checkpoint (trainer/retention.py)."""
-        found = retention.gaps(offsets, retention.low_watermarks(self.consumer, self.topic, self.partitions))
+        lows = {p: low for p, (low, _) in watermarks(self.consumer, self.topic, timeout=15.0).items()}
+        found = retention.gaps(offsets, lows)
         if found:
             log.warning(retention.describe(self.topic, found))
             self.buffer.counts["samples.lost_to_retention"] += sum(low - off for off, low in found.values())

@@ -9,21 +9,11 @@ at warning level (partitions and offsets) and counted in `samples.lost_to_retent
 
 from __future__ import annotations
 
-from typing import Any
-
 
 def gaps(saved: dict[int, int], lows: dict[int, int]) -> dict[int, tuple[int, int]]:
     """{partition: (checkpoint offset, low watermark)} where the low watermark is past the offset.
     A partition without a saved offset starts at the beginning and loses nothing."""
     return {p: (off, lows[p]) for p, off in sorted(saved.items()) if p in lows and lows[p] > off}
-
-
-def low_watermarks(consumer: Any, topic: str, partitions: list[int], timeout: float = 15.0) -> dict[int, int]:
-    from confluent_kafka import TopicPartition
-
-    return {
-        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[0] for p in partitions
-    }
 
 
 def describe(topic: str, found: dict[int, tuple[int, int]]) -> str:

@@ -28,11 +28,26 @@ def test_gaps_are_where_the_low_watermark_passed_the_checkpoint() -> None:
 
 
 class _Watermarks:
+    """A consumer whose topic has the partitions of `lows`, each with that low watermark (high 10 above)."""
+
     def __init__(self, lows: dict[int, int]) -> None:
         self.lows = lows
 
-    def get_watermark_offsets(self, tp: Any, timeout: float) -> tuple[int, int]:
-        return self.lows[tp.partition], self.lows[tp.partition] + 10
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        meta = SimpleNamespace(partitions=dict.fromkeys(self.lows), error=None)
+        return SimpleNamespace(topics={topic: meta})
+
+    def offsets_for_times(self, tps: list[Any], timeout: float) -> list[Any]:
+        from confluent_kafka import OFFSET_BEGINNING
+
+        return [
+            SimpleNamespace(
+                partition=tp.partition,
+                offset=self.lows[tp.partition] + (0 if tp.offset == OFFSET_BEGINNING else 10),
+                error=None,
+            )
+            for tp in tps
+        ]
 
 
 def test_the_trainer_warns_and_counts_at_setup(caplog: pytest.LogCaptureFixture) -> None:
@@ -56,7 +71,7 @@ def test_low_watermarks_after_records_were_deleted(kafka: KafkaSettings, topics:
     from confluent_kafka import Producer, TopicPartition
     from confluent_kafka.admin import AdminClient
 
-    from astraflow.kafka import client_config, make_consumer, producer_config
+    from astraflow.kafka import client_config, make_consumer, producer_config, watermarks
 
     topics(["policy"])
     name = kafka.topic("samples.policy")
@@ -70,7 +85,7 @@ def test_low_watermarks_after_records_were_deleted(kafka: KafkaSettings, topics:
     consumer = make_consumer(kafka, "retention-probe", **{"enable.auto.commit": False})
     try:
         parts = sorted(consumer.list_topics(name, timeout=15).topics[name].partitions)
-        lows = retention.low_watermarks(consumer, name, parts)
+        lows = {p: low for p, (low, _) in watermarks(consumer, name).items()}
     finally:
         consumer.close()
     assert lows[0] == 6 and all(lows[p] == 0 for p in parts if p != 0)
