@@ -13,6 +13,8 @@ permutation test finds significant (p < 0.05, astraflow/runner/report.py):
 - guess_number: the agent's best tenth of success >= 0.8;
 - solve_and_verify: the solver's reward rises and the verifier's last tenth of reward >= 0.9 (its
   reward is verdict accuracy on the solver's answers, not the issue's balanced set);
+- addition (the full addition task of bench.vs_trl): greedy accuracy of the final checkpoint on the
+  100 sums >= 0.9 (`bench.sums.greedy_accuracy`, read back as `policies.solver.greedy.accuracy`);
 - arithmetic, search, code: the reward rises.
 
     python -m bench.learning_seeds [--seeds 20] [--first-seed 0] [--recipes guess_number,arithmetic]
@@ -50,8 +52,8 @@ class Target:
     """One condition on a policy's run summary: `policies.<policy>.<metric>.<stat> <op> <value>`."""
 
     policy: str
-    metric: str  # "reward" or "success"
-    stat: str  # "best_tenth", "last_tenth", "first_tenth", "p_value", "improvement"
+    metric: str  # "reward", "success", or "greedy" (GREEDY's recipes)
+    stat: str  # "best_tenth", "last_tenth", "first_tenth", "p_value", "improvement"; greedy: "accuracy"
     op: str  # ">=" or "<"
     value: float
 
@@ -80,10 +82,31 @@ TARGETS: dict[str, list[Target]] = {
     ],
     "guess_number": [Target("agent", "success", "best_tenth", ">=", 0.8)],
     "solve_and_verify": [*rises("solver"), Target("verifier", "reward", "last_tenth", ">=", 0.9)],
+    "addition": [Target("solver", "greedy", "accuracy", ">=", 0.9)],
     "arithmetic": rises("solver"),
     "search": rises("agent"),
     "code": rises("coder"),
 }
+
+
+GREEDY = frozenset({"addition"})
+"""Recipes on bench.sums' task, whose final checkpoint is also decoded greedily."""
+GREEDY_KEY = "greedy.accuracy"
+
+
+def with_greedy(summary: dict[str, Any], run_dir: Path, policy: str) -> dict[str, Any]:
+    """`summary` with `policies.<policy>.greedy.accuracy`: bench.sums' greedy accuracy of the run's
+    final checkpoint, computed once and kept in the run directory as greedy.json."""
+    from bench.sums import greedy_accuracy
+
+    kept = run_dir / "greedy.json"
+    if not kept.exists():
+        found = sorted((run_dir / "trainer" / policy / "checkpoints").glob("step-*"))
+        accuracy = greedy_accuracy(found[-1]) if found else None
+        kept.write_text(json.dumps({"accuracy": accuracy}))
+    summary = copy.deepcopy(summary)
+    summary.setdefault("policies", {}).setdefault(policy, {})["greedy"] = json.loads(kept.read_text())
+    return summary
 
 
 def value_of(summary: dict[str, Any], policy: str, metric: str, stat: str) -> float | None:
@@ -107,6 +130,7 @@ def judge(recipe: str, policies: list[str], summary: dict[str, Any]) -> dict[str
             for m in ("reward", "success")
             for s in ("first_tenth", "last_tenth", "best_tenth", "p_value")
         }
+        | ({GREEDY_KEY: value_of(summary, p, "greedy", "accuracy")} if recipe in GREEDY else {})
         for p in policies
     }
     return {
@@ -154,7 +178,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 f"{f(s['reward.last_tenth'])} / {f(s['reward.best_tenth'])} | "
                 f"{f(s['success.first_tenth'])} / {f(s['success.last_tenth'])} / "
                 f"{f(s['success.best_tenth'])} | "
-                f"{'yes' if r['learned'] else 'no: ' + '; '.join(r['failed_targets'])} |"
+                f"{'yes' if r['learned'] else 'no: ' + '; '.join(r['failed_targets'])}"
+                f"{f' (greedy {f(s[GREEDY_KEY])})' if GREEDY_KEY in s else ''} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -250,7 +275,10 @@ def sweep(
         base = yaml.safe_load((RECIPES / f"{name}.yaml").read_text())
         policies = [p["name"] for p in base.get("policies", [{"name": "policy"}])]
         for seed in seeds:
-            summary = run_recipe(seeded(base, seed), out / name / f"seed-{seed}", steps, bootstrap)
+            run_dir = out / name / f"seed-{seed}"
+            summary = run_recipe(seeded(base, seed), run_dir, steps, bootstrap)
+            if name in GREEDY:
+                summary = with_greedy(summary, run_dir, policies[0])
             verdict = judge(name, policies, summary)
             results.append(
                 {

@@ -96,6 +96,26 @@ def test_verdicts_follow_each_recipes_targets() -> None:
     assert not crashed["learned"] and "trainer-solver" in crashed["failed_targets"][0]
 
 
+def test_the_addition_recipe_is_judged_by_its_final_checkpoints_greedy_accuracy(tmp_path: Path) -> None:
+    from astraflow.models import init_checkpoint
+
+    recipe = validate_model(Recipe, yaml.safe_load((ls.RECIPES / "addition.yaml").read_text()), "addition")
+    run = tmp_path / "seed-0"
+    init_checkpoint(recipe.model_for("solver"), run / "trainer" / "solver" / "checkpoints" / "step-00000003")
+    got = ls.with_greedy(summary(solver={}), run, "solver")
+    untrained = got["policies"]["solver"]["greedy"]["accuracy"]
+    assert 0.0 <= untrained < 0.2  # 100 sums decoded; an untrained model gets few right
+    verdict = ls.judge("addition", ["solver"], got)
+    assert not verdict["learned"] and verdict["failed_targets"] == ["solver greedy.accuracy >= 0.9"]
+    assert verdict["stats"]["solver"][ls.GREEDY_KEY] == untrained
+    # computed once: a rerun of the sweep reads it back from the run directory
+    (run / "greedy.json").write_text(json.dumps({"accuracy": 0.95}))
+    again = ls.judge("addition", ["solver"], ls.with_greedy(summary(solver={}), run, "solver"))
+    assert again["learned"]
+    row = {"recipe": "addition", "seed": 0, "targets": [], **again}
+    assert "| addition | 0 | solver | - / - / - | - / - / - | yes (greedy 0.950) |" in ls.markdown([row])
+
+
 def test_tally_and_markdown_count_seeds_per_recipe() -> None:
     results = [
         {

@@ -16,7 +16,15 @@ from tests.conftest import REPO
 from workers.cli import check_recipe
 
 RECIPES = sorted((REPO / "recipes").rglob("*.yaml"))
-CPU_RECIPES = {"arithmetic", "guess_number", "search", "solve_and_verify", "referential_game", "code"}
+CPU_RECIPES = {
+    "addition",
+    "arithmetic",
+    "guess_number",
+    "search",
+    "solve_and_verify",
+    "referential_game",
+    "code",
+}
 GPU_RECIPES = {"qwen2.5-1.5b-math"}
 
 

@@ -56,6 +56,28 @@ def test_arithmetic_scores_token_ids(codec: Any) -> None:
     assert asyncio.run(strict.step(state, codec.ids("15"), codec)).reward == 0.0
 
 
+def test_arithmetic_prefix_credit_rewards_the_right_leading_tokens(codec: Any) -> None:
+    env = ArithmeticEnv(max_operand=9, require_eos=True, prefix_credit=0.3)
+    task = Task(task_id="t", env="arithmetic", roles={"agent": "p"}, prompt="9+5=", payload={"answer": "14"})
+    state, _ = env.reset(task, codec, random.Random(0))
+
+    def reward(ids: list[int]) -> float:
+        return asyncio.run(env.step(state, ids, codec)).reward
+
+    eos = codec.eos
+    assert reward([*codec.ids("14"), eos]) == 1.0  # exact: the full reward, never the credit
+    assert reward([*codec.ids("1"), eos]) == pytest.approx(0.3 / 3)  # `1` of `1`, `4`, <eos>
+    assert reward(codec.ids("14")) == pytest.approx(0.3 * 2 / 3)  # cut before <eos>
+    assert reward([*codec.ids("15"), eos]) == pytest.approx(0.3 / 3)  # only a prefix counts
+    assert reward([*codec.ids("4"), eos]) == 0.0 and reward([]) == 0.0
+    step = asyncio.run(env.step(state, [*codec.ids("14"), eos], codec))
+    assert step.info == {"correct": True}
+    assert asyncio.run(env.step(state, codec.ids("14"), codec)).info == {"correct": False}
+    assert ArithmeticEnv(max_operand=9, require_eos=True).correct(state, codec.ids("14"), codec) is False
+    with pytest.raises(ConfigError, match="prefix_credit"):
+        ArithmeticEnv(prefix_credit=1.0)  # a wrong answer must earn less than a right one
+
+
 def test_unknown_env_argument_names_the_key() -> None:
     with pytest.raises(ConfigError, match="max_operandd"):
         ArithmeticEnv(max_operandd=3)

@@ -1,8 +1,10 @@
 """`arithmetic`: single-turn sums, the paper's math workload in miniature.
 
 Prompt `3+4=`; the model answers with digits. Reward 1 when the generated token ids are exactly the
-answer's (then <eos> when `require_eos`), else 0. The default (`max_operand` 4, `+` only, answers of
-one digit, no <eos> required) is the shape DESIGN.md reports a tiny model learns from scratch.
+answer's (then <eos> when `require_eos`), else 0, or `prefix_credit` x the share of the wanted
+tokens it got right from the first on (recipes/addition.yaml). The default (`max_operand` 4, `+`
+only, answers of one digit, no <eos> required) is the shape DESIGN.md reports a tiny model learns
+from scratch.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ class ArithmeticEnv(Environment):
         """Operators to use, among `+-*` (subtraction keeps results non-negative)."""
         require_eos: bool = False
         """Also require <eos> right after the answer (harder for a tiny model)."""
+        prefix_credit: float = Field(default=0.0, ge=0.0, lt=1.0)
+        """Reward of a wrong answer: this times the share of the wanted tokens (the answer's, then <eos>
+        when required) it gets right from the first on, so that `1<eos>` for 14 earns a third of it.
+        0 (the default) keeps the reward exact-match only."""
 
     def tasks(self, seed: int) -> Iterator[tuple[TaskSpec, int]]:
         pool = []
@@ -58,9 +64,19 @@ class ArithmeticEnv(Environment):
         return {"max_tokens": n + (1 if self.args.require_eos else 0), "stop_token_ids": (codec.eos,)}
 
     def correct(self, state: Any, action: list[int], codec: Codec) -> bool:
-        want = codec.ids(state["answer"]) + ([codec.eos] if self.args.require_eos else [])
-        return list(action) == want
+        return list(action) == self._wanted(state, codec)
+
+    def _wanted(self, state: Any, codec: Codec) -> list[int]:
+        return codec.ids(state["answer"]) + ([codec.eos] if self.args.require_eos else [])
 
     async def step(self, state: Any, action: list[int], codec: Codec) -> Step:
         ok = self.correct(state, action, codec)
-        return Step(reward=1.0 if ok else 0.0, done=True, info={"correct": ok})
+        reward = 1.0 if ok else self.args.prefix_credit * self._prefix_share(state, action, codec)
+        return Step(reward=reward, done=True, info={"correct": ok})
+
+    def _prefix_share(self, state: Any, action: list[int], codec: Codec) -> float:
+        want = self._wanted(state, codec)
+        right = 0
+        while right < min(len(action), len(want)) and action[right] == want[right]:
+            right += 1
+        return right / len(want)
