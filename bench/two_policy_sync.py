@@ -75,10 +75,13 @@ async def play(
         cfg = recipe.trainer.model_dump()
         for key, value in per_policy.get(p, {}).items():
             cfg = set_key(cfg, key, value)
+        trainer_cfg = type(recipe.trainer).model_validate(cfg)
         trainers[p] = TrainEngine(
             load_model(init[p]),
-            type(recipe.trainer).model_validate(cfg),
+            trainer_cfg,
             torch.device("cpu"),
+            # the reference of a KL term: the initial weights, as the trainer service loads it
+            ref_model=load_model(init[p]) if trainer_cfg.loss.kl_coef > 0 else None,
             pad_id=codec.pad,
             sampling=SamplingSettings.of(recipe.worker),
         )
