@@ -98,11 +98,12 @@ def with_greedy(summary: dict[str, Any], run_dir: Path, policy: str) -> dict[str
     """`summary` with `policies.<policy>.greedy.accuracy`: bench.sums' greedy accuracy of the run's
     final checkpoint, computed once and kept in the run directory as greedy.json."""
     from bench.sums import greedy_accuracy
+    from trainer.checkpoint import latest_checkpoint
 
     kept = run_dir / "greedy.json"
     if not kept.exists():
-        found = sorted((run_dir / "trainer" / policy / "checkpoints").glob("step-*"))
-        accuracy = greedy_accuracy(found[-1]) if found else None
+        final = latest_checkpoint(run_dir / "trainer" / policy / "checkpoints")  # complete ones only
+        accuracy = greedy_accuracy(final) if final else None
         kept.write_text(json.dumps({"accuracy": accuracy}))
     summary = copy.deepcopy(summary)
     summary.setdefault("policies", {}).setdefault(policy, {})["greedy"] = json.loads(kept.read_text())

@@ -98,10 +98,13 @@ def test_verdicts_follow_each_recipes_targets() -> None:
 
 def test_the_addition_recipe_is_judged_by_its_final_checkpoints_greedy_accuracy(tmp_path: Path) -> None:
     from astraflow.models import init_checkpoint
+    from trainer.checkpoint import STATE_FILE
 
     recipe = validate_model(Recipe, yaml.safe_load((ls.RECIPES / "addition.yaml").read_text()), "addition")
     run = tmp_path / "seed-0"
-    init_checkpoint(recipe.model_for("solver"), run / "trainer" / "solver" / "checkpoints" / "step-00000003")
+    final = run / "trainer" / "solver" / "checkpoints" / "step-00000003"
+    init_checkpoint(recipe.model_for("solver"), final)
+    (final / STATE_FILE).write_text("{}")  # what makes a trainer checkpoint complete
     got = ls.with_greedy(summary(solver={}), run, "solver")
     untrained = got["policies"]["solver"]["greedy"]["accuracy"]
     assert 0.0 <= untrained < 0.2  # 100 sums decoded; an untrained model gets few right
