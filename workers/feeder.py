@@ -3,11 +3,11 @@
 Sources: an environment's generator (deterministic: the same seed gives the same tasks, ids and
 attempts) or a JSONL file. Two controls sit between the source and the topic:
 - admission: at most (max_staleness + 1) x trainer.publish_every x trainer.batch_groups groups may
-  be ahead of the slowest trainer (more would be stale when trained). A trainer's progress is the
-  larger of WeightVersion.groups_consumed (groups trained or discarded as stale) and
-  WeightVersion.step x batch_groups, from the compacted `weights` topic; groups that reach no
-  trainer (TaskStats.dropped_groups: dropped by a streams filter, a failed stage or a group
-  timeout) count as consumed too. Groups published so far are the records in `tasks`, so a
+  be ahead of the slowest trainer (more would be stale when trained), or `feeder.ahead_groups`.
+  A trainer's progress is the larger of WeightVersion.groups_consumed (groups trained or discarded
+  as stale) and WeightVersion.step x batch_groups, from the compacted `weights` topic; groups that
+  reach no trainer (TaskStats.dropped_groups: dropped by a streams filter, a failed stage or a
+  group timeout) count as consumed too. Groups published so far are the records in `tasks`, so a
   restarted feeder keeps the same budget.
 - selective rollout (`feeder.selective`): tasks whose TaskStats say they are always or never solved
   are skipped, except a `keep_fraction` of them and any task after `max_skips_in_row` skips.
@@ -223,9 +223,7 @@ class Feeder:
     def admitted(self) -> bool:
         if not self.cfg.admission:
             return True
-        t = self.recipe.trainer
-        window = (self.recipe.max_staleness + 1) * t.publish_every * t.batch_groups
-        return self.published - self.trainer_groups() < window
+        return self.published - self.trainer_groups() < self.recipe.admission_window
 
     def skip(self, task: Task) -> bool:
         sel = self.cfg.selective

@@ -47,7 +47,15 @@ class FeederConfig(StrictModel):
     seed: int = 0
     """Seed of the task generator (and part of every task id)."""
     admission: bool = True
-    """Keep at most (max_staleness + 1) x trainer.batch_groups groups ahead of the slowest trainer."""
+    """Keep at most (max_staleness + 1) x trainer.publish_every x trainer.batch_groups groups ahead of
+    the slowest trainer (more would be stale when trained), or `ahead_groups`."""
+    ahead_groups: int | None = Field(default=None, ge=1)
+    """A smaller admission window, in groups (None: the staleness bound's). Where the trainer is the
+    slowest stage, every sample waits in the pipeline until it is `max_staleness` versions old; a
+    smaller window trains fresher samples, and slows the run once it holds fewer groups than the
+    pipeline's latency needs (bench/RESULTS.md, "A smaller admission window"). A larger value is the
+    bound's window (a recipe copied with smaller batches keeps its bound); one below
+    `trainer.batch_groups` is refused."""
     selective: SelectiveConfig = SelectiveConfig()
     """Selective rollout from `task-stats`."""
     poll_s: float = Field(default=0.2, gt=0.0, le=60.0)

@@ -91,6 +91,28 @@ class Recipe(StrictModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _window_feeds_the_trainer(self) -> Recipe:
+        ahead = self.feeder.ahead_groups
+        if ahead is not None and ahead < self.trainer.batch_groups:
+            raise ValueError(
+                f"feeder.ahead_groups {ahead} is below trainer.batch_groups {self.trainer.batch_groups}: "
+                "the trainer would never get a whole batch"
+            )
+        return self
+
+    @property
+    def staleness_window(self) -> int:
+        """Groups that may be ahead of the slowest trainer before the next would train stale."""
+        t = self.trainer
+        return (self.max_staleness + 1) * t.publish_every * t.batch_groups
+
+    @property
+    def admission_window(self) -> int:
+        """Groups the feeder lets ahead of the slowest trainer: `feeder.ahead_groups`, at most the
+        staleness bound's window."""
+        return min(self.feeder.ahead_groups or self.staleness_window, self.staleness_window)
+
     @property
     def run_dir(self) -> Path:
         """The run directory: `run.dir` with {name} replaced by the recipe's name."""

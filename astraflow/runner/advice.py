@@ -132,7 +132,8 @@ def advise(obs: Observed) -> Advice:
             "admission-bound",
             f"admission-bound: {waited} and workers idle {_pct(idle)} while the "
             f"feeder was held back {blocked:.0%}: the staleness window holds too few groups for "
-            "the pipeline's latency; raise max_staleness or trainer.publish_every",
+            "the pipeline's latency; raise feeder.ahead_groups where set, else max_staleness or "
+            "trainer.publish_every",
         )
     return Advice(
         "feeder-bound",

@@ -282,12 +282,7 @@ class Run:
             Live(console=self.console, refresh_per_second=2, transient=False) if self.opts.dashboard else None
         )
         stalls = StallDetector()
-        t = self.recipe.trainer
-        window = (
-            (self.recipe.max_staleness + 1) * t.publish_every * t.batch_groups
-            if self.recipe.feeder.admission
-            else None
-        )
+        window = self.recipe.admission_window if self.recipe.feeder.admission else None
         with live if live is not None else contextlib.nullcontext():
             last_line = last_advice = 0.0
             advice, regime = None, "unknown"

@@ -69,7 +69,7 @@ def test_admission_bound_when_the_window_is_all_in_flight() -> None:
     assert a.line.startswith(
         "admission-bound: the trainer waited 50% and workers idle 90% while the feeder was held back 95%"
     )
-    assert "raise max_staleness or trainer.publish_every" in a.line
+    assert "raise feeder.ahead_groups where set, else max_staleness or trainer.publish_every" in a.line
 
 
 def test_feeder_bound_when_nothing_holds_the_feeder_back() -> None:

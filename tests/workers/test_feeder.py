@@ -67,6 +67,27 @@ def test_admission_window_spans_the_versions_a_sample_may_lag() -> None:
     assert f.trainer_groups() == 3  # dropped groups count, zero-variance ones that were trained do not
 
 
+def test_a_smaller_admission_window_holds_the_feeder_sooner() -> None:
+    # the staleness bound's window is (2 + 1) x 1 x 4 = 12 groups; ahead_groups narrows it to 6
+    recipe = make_recipe(max_staleness=2, trainer={"batch_groups": 4}, feeder={"ahead_groups": 6})
+    f = Feeder(recipe, Path("/nonexistent"), KafkaSettings(bootstrap="x:1"))
+    assert (recipe.staleness_window, recipe.admission_window) == (12, 6)
+    f.published = 5
+    assert f.admitted()
+    f.published = 6
+    assert not f.admitted()
+    f.consumed["policy"] = 4  # a batch trained: four more may go
+    f.published = 9
+    assert f.admitted()
+
+
+def test_an_admission_window_is_at_most_the_bound_and_feeds_a_batch() -> None:
+    wide = make_recipe(max_staleness=2, trainer={"batch_groups": 4}, feeder={"ahead_groups": 40})
+    assert wide.admission_window == 12  # the bound's: more would train stale
+    with pytest.raises(ConfigError, match=r"feeder.ahead_groups 3 is below trainer.batch_groups 4"):
+        make_recipe(max_staleness=2, trainer={"batch_groups": 4}, feeder={"ahead_groups": 3})
+
+
 def test_selective_rollout_skips_with_a_floor() -> None:
     recipe = make_recipe(
         feeder={"selective": {"enabled": True, "min_groups": 2, "keep_fraction": 0.25, "max_skips_in_row": 3}}
