@@ -196,8 +196,10 @@ def main() -> None:
         level=os.environ.get("ASTRAFLOW_LOG_LEVEL", "WARNING"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from astraflow import gcpause
     from astraflow.runner.supervisor import dump_stacks_on_signal, exit_when_orphaned
 
+    gcpause.pause(sys.argv[1] if len(sys.argv) > 1 else None)  # until the component is built
     dump_stacks_on_signal()
     exit_when_orphaned()
     try:

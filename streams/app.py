@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from astraflow import gcpause
 from astraflow.config import Recipe
 from astraflow.config.kafka import KafkaSettings
 from astraflow.errors import ConfigError
@@ -240,6 +241,7 @@ def create_app(
 
     @app.task
     async def emitter() -> None:
+        gcpause.settle()  # the app is built and started
         try:
             await runtime.emitter.run()
         except Exception as exc:

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from astraflow import failpoints
+from astraflow import failpoints, gcpause
 from astraflow.config import Recipe
 from astraflow.config.kafka import KafkaSettings
 from astraflow.deadletters import DeadLetters
@@ -235,6 +235,7 @@ class Trainer(Publication):
             signal.signal(sig, self._on_signal)
         if self.dist.leader:
             self._setup_leader()
+        gcpause.settle()
         clean = False
         try:
             while True:

@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from astraflow import gcpause
 from astraflow.config import KafkaSettings, Recipe
 from astraflow.deadletters import DeadLetters
 from astraflow.errors import ConfigError
@@ -317,6 +318,7 @@ class Feeder:
         try:
             self._resume(saved_ends)
             self._catch_up(readers)
+            gcpause.settle()
             for task in source:
                 if task.group_id in self.resume_skip:  # on the topic already, from before a crash
                     self.resume_skip.discard(task.group_id)

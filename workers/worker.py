@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from astraflow import gcpause
 from astraflow.config import KafkaSettings, Recipe
 from astraflow.deadletters import DeadLetters, decode_or_deadletter
 from astraflow.errors import AstraFlowError
@@ -126,6 +127,7 @@ class Worker:
         )
         await asyncio.to_thread(self.follower.catch_up)
         self.follower.start()
+        gcpause.settle()
         self.reader = TopicReader(
             self.settings, ["tasks"], group=self.cfg.group, **task_consumer_overrides(self.worker_id)
         )

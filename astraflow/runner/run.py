@@ -28,7 +28,7 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
-from astraflow import broker, topics
+from astraflow import broker, gcpause, topics
 from astraflow.broker import acls, secure
 from astraflow.config import KafkaSettings, load_recipe
 from astraflow.errors import ConfigError
@@ -278,6 +278,7 @@ class Run:
         max_steps = self.opts.max_steps or self.recipe.run.max_steps
         max_minutes = self.opts.max_minutes or self.recipe.run.max_minutes
         trainers = [c for c in sup.components if c.name.startswith("trainer-")]
+        gcpause.settle()  # everything is started; watching is all that is left
         live = (
             Live(console=self.console, refresh_per_second=2, transient=False) if self.opts.dashboard else None
         )

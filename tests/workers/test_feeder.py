@@ -3,6 +3,7 @@ and admission control against trainer progress on the real broker."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import threading
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from astraflow import gcpause
 from astraflow.config import KafkaSettings
 from astraflow.errors import ConfigError
 from astraflow.kafka import Publisher
@@ -212,7 +214,13 @@ def test_jsonl_bad_lines_go_to_deadletter(kafka: KafkaSettings, topics: Any, tmp
         )
     )
     recipe = make_recipe(kafka=kafka.model_dump(), feeder={"admission": False})
-    assert Feeder(recipe, tmp_path / "run", kafka, jsonl=path).run() == 2
+    gcpause.pause("feed")  # as `astraflow feed` starts: the feeder turns the collector on once built
+    try:
+        assert Feeder(recipe, tmp_path / "run", kafka, jsonl=path).run() == 2
+        assert gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()
     assert [t.task_id for t in read_topic(kafka, "tasks")] == ["ok1", "ok2"] or len(
         read_topic(kafka, "tasks")
     ) == 2
