@@ -297,4 +297,7 @@ def test_the_optimiser_is_fused_adamw_and_updates_as_the_per_parameter_loop_does
     theirs = dict(plain.model.named_parameters())
     for k, p in fused.model.named_parameters():
         assert not torch.equal(p, before[k])  # it trained
-        torch.testing.assert_close(p, theirs[k], rtol=1e-4, atol=1e-6)
+        # rounding differs by vector width (AVX-512 or AVX2 kernels): on an AMD EPYC two elements
+        # near 0 were 3e-6 apart after 3 steps of lr 1e-2, i.e. 3e-4 of one step. A missing weight
+        # decay moves elements by up to 5e-4 here (checked by dropping it from the plain AdamW).
+        torch.testing.assert_close(p, theirs[k], rtol=1e-4, atol=1e-5)
