@@ -124,10 +124,9 @@ def _reference_delta(old: dict[str, torch.Tensor], new: dict[str, torch.Tensor])
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_the_flat_diff_of_many_tensors_is_the_per_tensor_delta(seed: int) -> None:
-    """diff_states compares all tensors of one element size at once; its delta is exactly the
-    per-tensor one: tensors unchanged, changed in their first or last element only, or entirely,
-    of mixed dtypes, with gaps that need int32."""
+def test_the_diff_of_many_tensors_is_the_reference_per_tensor_delta(seed: int) -> None:
+    """diff_states' delta is exactly the reference one, tensor by tensor: tensors unchanged, changed
+    in their first or last element only, or entirely, of mixed dtypes, with gaps that need int32."""
     gen = torch.Generator().manual_seed(seed)
     shapes = {
         "a.bf16": ((64, 33), torch.bfloat16),
