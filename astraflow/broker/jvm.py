@@ -40,17 +40,24 @@ def is_our_jvm(pid: int, data_dir: Path) -> bool:
     return "kafka.Kafka" in cmdline and str(data_dir) in cmdline
 
 
-def jvm_flags(heap: str) -> list[str]:
-    """The broker JVM's flags. Measured, not adopted: with C1 only (`-XX:TieredStopAtLevel=1`) a 90 s
-    training run's broker used 19 s of CPU instead of 36 s (C2 compiling Kafka's hot paths took
-    ~20 s of it), but a long-lived broker (the test suite's) then runs C1's slower code for good,
-    and the two CI runs with it were the two where the referential game stalled (bench/RESULTS.md)."""
+#: C1 only: the compiler of a broker that lives for one run (`astraflow run`'s own).
+QUICK_JIT = "-XX:TieredStopAtLevel=1"
+
+
+def jvm_flags(heap: str, quick_jit: bool = False) -> list[str]:
+    """The broker JVM's flags. `quick_jit` (a run's own broker) stops at the C1 compiler: C2
+    compiling Kafka's hot paths cost the broker of a 1,000-step run of the vs-TRL task 28-35 s of
+    CPU against 23-26 s with C1 (2 alternating pairs on 2 cores, 2026-12-06), and C1's code was no
+    dearer per step after 150 steps (20-21 ms against 23-26 ms a step), so on 2 cores the run got
+    ~5-9 s of CPU back. A long-lived broker (`astraflow broker start`, the test suite's) keeps C2,
+    whose code may pay off over hours (bench/RESULTS.md)."""
     return [
         f"-Xms{heap}",
         f"-Xmx{heap}",
         "-XX:+UseG1GC",
         "-XX:MaxGCPauseMillis=20",
         "-Djava.awt.headless=true",
+        *([QUICK_JIT] if quick_jit else []),
     ]
 
 
@@ -63,12 +70,13 @@ def spawn_kafka(
     logs: Path,
     die_with_parent: bool,
     extra_flags: list[str] | tuple[str, ...] = (),
+    quick_jit: bool = False,
 ) -> subprocess.Popen[bytes]:
     """Start one Kafka JVM on `props` in its own session, its output appended to logs/kafka.out
-    (the single broker's start and each node of a cluster)."""
+    (the single broker's start and each node of a cluster); `quick_jit`: see `jvm_flags`."""
     cmd = [
         java,
-        *jvm_flags(heap),
+        *jvm_flags(heap, quick_jit),
         *extra_flags,
         f"-Dlog4j2.configurationFile=file:{LOG4J}",
         f"-Dkafka.logs.dir={logs}",

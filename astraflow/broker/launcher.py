@@ -222,6 +222,7 @@ def start(
     secured: bool = False,
     listeners: dict[str, str] | None = None,
     on_address: Callable[[str], None] | None = None,
+    quick_jit: bool = False,
 ) -> BrokerState:
     """Start a broker (or return the one already running in `data_dir`). `port=0` picks a free port.
     With `die_with_parent`, the JVM gets SIGTERM if the calling process dies (`astraflow run`).
@@ -230,7 +231,9 @@ def start(
     directory formatted one way cannot be started the other way. `listeners` adds PLAINTEXT listeners,
     name -> `BIND_HOST:PORT=ADVERTISED_HOST:PORT`, e.g. one per simulated region. `on_address` is
     called with the bootstrap address once it is chosen, before the JVM boots (a broker already
-    running in `data_dir` is returned without it): `astraflow run` starts what is slow to start meanwhile."""
+    running in `data_dir` is returned without it): `astraflow run` starts what is slow to start meanwhile.
+    `quick_jit`: the JVM compiles with C1 only, for a broker that lives for one run
+    (`astraflow.broker.jvm.jvm_flags`)."""
     data_dir = (data_dir or default_data_dir()).expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     with file_lock(data_dir / ".lock"):
@@ -282,7 +285,7 @@ def start(
         log_file = logs / "kafka.log"
         flags = classdata.broker_flags(java, libs, data_dir)
         started = time.time()
-        proc = spawn_kafka(java, heap, libs, data_dir, props, logs, die_with_parent, flags)
+        proc = spawn_kafka(java, heap, libs, data_dir, props, logs, die_with_parent, flags, quick_jit)
         state = BrokerState(
             pid=proc.pid,
             port=port,

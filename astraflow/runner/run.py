@@ -104,6 +104,7 @@ class Run:
             data_dir=self.run_dir / "broker",
             progress=self.event,
             die_with_parent=True,
+            quick_jit=True,  # it lives as long as the run: C2's compiling costs more than it saves
             on_address=lambda b: self._start_early(settings.model_copy(update={"bootstrap": b})),
         )
         self.started_broker = True
@@ -143,7 +144,12 @@ class Run:
             )
         data_dir = self.run_dir / "broker"
         state = broker.start(
-            port=0, data_dir=data_dir, progress=self.event, die_with_parent=True, secured=True
+            port=0,
+            data_dir=data_dir,
+            progress=self.event,
+            die_with_parent=True,
+            secured=True,
+            quick_jit=True,
         )
         self.started_broker = True
         self.event(

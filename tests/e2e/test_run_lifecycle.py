@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 
 import pytest
 
+from astraflow.broker.jvm import QUICK_JIT
 from tests.conftest import subprocess_env
 from tests.e2e.helpers import (
     TINY,
@@ -89,7 +90,10 @@ def test_a_killed_supervisor_takes_its_components_and_broker_with_it(tmp_path: P
     proc = start_run(recipe, run_dir, subprocess_env())
     wait_for(lambda: trainer_steps(run_dir, "solver") >= 1 or proc.poll() is not None, 600, "a trainer step")
     assert proc.poll() is None, f"astraflow run exited with {proc.returncode}:\n{finish(proc, 60)[-6000:]}"
-    assert len(processes_of(run_dir)) >= 5  # broker, trainer, streams, worker, feeder
+    running = processes_of(run_dir)
+    assert len(running) >= 5  # broker, trainer, streams, worker, feeder
+    # the run's own broker lives as long as the run: it compiles with C1 only (broker.jvm.jvm_flags)
+    assert [QUICK_JIT in cmd.split() for _, cmd in running if "kafka.Kafka" in cmd] == [True]
     proc.kill()  # SIGKILL: no chance to clean up; PR_SET_PDEATHSIG must do it
     proc.communicate(timeout=60)
     wait_for(lambda: processes_of(run_dir) == [], 120, "every process of the run to exit")

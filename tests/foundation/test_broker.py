@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from astraflow import topics
+from astraflow.broker.jvm import QUICK_JIT
 from tests.conftest import subprocess_env
 
 ASTRAFLOW = [sys.executable, "-m", "astraflow.cli"]
@@ -58,6 +59,9 @@ def test_start_kcat_apply_stop(tmp_path: Path) -> None:
     assert "kafka.log" in started.stderr  # the command says where the log is
     try:
         assert len(our_jvms(data)) == 1
+        # a long-lived broker keeps the C2 compiler; a run's own gets C1 only (test_run_lifecycle)
+        cmdline = Path(f"/proc/{our_jvms(data)[0]}/cmdline").read_bytes().split(b"\0")
+        assert b"-Xmx512m" in cmdline and QUICK_JIT.encode() not in cmdline
         status = cli("broker", "status", "--data-dir", str(data))
         assert status.returncode == 0 and "answering" in status.stdout
 
