@@ -4,6 +4,7 @@ trajectories an episode becomes (deterministic ids, error episodes)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import sys
@@ -105,6 +106,62 @@ def test_solve_and_verify_rewards(codec: Any) -> None:
     # wrong answer approved: solver 0, verifier 0; no retry
     [t] = episode(recipe, codec, task, {"A": Scripted("A", codec, ["1"]), "B": Scripted("B", codec, ["y"])})
     assert codec.text(t.tokens.tolist()) == "<bos>3+4=1?y" and t.rewards == {"A": 0.0, "B": 0.0}
+
+
+def test_solve_and_verify_balanced_verdicts_show_the_verifier_the_opposite_answer(codec: Any) -> None:
+    recipe = make_recipe(
+        policies=[{"name": "A"}, {"name": "B"}],
+        worker={"workflow": "solve_and_verify", "workflow_args": {"balanced_verdicts": True}},
+    )
+    task = Task(
+        task_id="s",
+        env="arithmetic",
+        roles={"solver": "A", "verifier": "B"},
+        group_size=4,
+        prompt="3+4=",
+        payload={"answer": "7"},
+    )
+    # the solver is wrong: the verifier's own view shows the environment's right answer, which it
+    # rejects (a wrong verdict); the real episode (rejection, retry) is as without the option
+    a, b = Scripted("A", codec, ["6", "7"]), Scripted("B", codec, ["n", "n"])
+    real, own = episode(recipe, codec, task, {"A": a, "B": b}, k=1)
+    assert codec.text(real.tokens.tolist()) == "<bos>3+4=6?n=7" and real.rewards == {"A": 1.0, "B": 1.0}
+    assert codec.text(own.tokens.tolist()) == "<bos>3+4=7?n"
+    assert own.policies == ["B"] and own.owner.tolist() == [-1] * 7 + [0]  # the answer is not trained
+    assert own.rewards == {"B": 0.0}
+    assert [real.sample_index, own.sample_index] == [2, 3] and real.group_size == own.group_size == 8
+    assert [real.traj_id, own.traj_id] == ["s#0#2", "s#0#3"]
+    # the solver is right: its view shows a wrong answer of one digit, which the verifier rejects
+    shown = set()
+    for k in range(4):
+        a, b = Scripted("A", codec, ["7"]), Scripted("B", codec, ["y", "n"])
+        real, own = episode(recipe, codec, task, {"A": a, "B": b}, k=k)
+        assert real.rewards == {"A": 1.0, "B": 1.0}
+        text = codec.text(own.tokens.tolist())
+        assert text.startswith("<bos>3+4=") and text.endswith("?n") and own.rewards == {"B": 1.0}
+        shown.add(text[len("<bos>3+4=") : -2])
+    assert shown <= set("012345689") and len(shown) > 1  # one digit, never 7, drawn per episode
+    # approving the right answer is a right verdict
+    a, b = Scripted("A", codec, ["1", "7"]), Scripted("B", codec, ["n", "y"])
+    _, own = episode(recipe, codec, task, {"A": a, "B": b})
+    assert codec.text(own.tokens.tolist()) == "<bos>3+4=7?y" and own.rewards == {"B": 1.0}
+
+
+def test_solve_and_verify_refuses_unknown_options_and_answerless_environments(codec: Any) -> None:
+    from astraflow.errors import ConfigError
+    from workers.registry import workflow_class
+
+    cls = workflow_class("solve_and_verify")
+    assert cls().views == 1 and cls(balanced_verdicts=True).views == 2
+    with pytest.raises(ConfigError, match="unknown key 'balance'"):
+        cls(balance=True)
+    recipe = make_recipe(
+        policies=[{"name": "A"}, {"name": "B"}],
+        feeder={"env": "guess_number"},
+        worker={"workflow": "solve_and_verify", "workflow_args": {"balanced_verdicts": True}},
+    )
+    with pytest.raises(ConfigError, match="lacks \\['answer', 'wrong_answer'\\]"):
+        Runtime(recipe, codec).resolve(dataclasses.replace(GUESS_SIX, roles={"solver": "A", "verifier": "B"}))
 
 
 def test_referential_game_keeps_views_apart(codec: Any) -> None:

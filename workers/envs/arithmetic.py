@@ -59,6 +59,19 @@ class ArithmeticEnv(Environment):
             raise ValueError("an arithmetic task needs a prompt and payload.answer")
         return {"answer": str(task.payload["answer"])}, task.prompt
 
+    def answer(self, state: Any) -> str:
+        """The right answer's text, from the task's payload (without <eos>)."""
+        return str(state["answer"])
+
+    def wrong_answer(self, state: Any, rng: random.Random) -> str:
+        """A wrong answer with as many digits as the right one, uniform among them (`rng`'s draw)."""
+        answer = self.answer(state)
+        if not answer.isdigit():
+            raise ValueError(f"no wrong answers of the shape of {answer!r}: only non-negative ones")
+        low = 10 ** (len(answer) - 1) if len(answer) > 1 else 0
+        pick = rng.randrange(low, 10 ** len(answer) - 1)  # one fewer: the right answer is skipped
+        return str(pick + 1 if pick >= int(answer) else pick)
+
     def turn_params(self, state: Any, codec: Codec) -> dict[str, Any]:
         n = len(codec.ids(state["answer"]))
         return {"max_tokens": n + (1 if self.args.require_eos else 0), "stop_token_ids": (codec.eos,)}

@@ -4,7 +4,8 @@ A workflow gets an `EpisodeContext` (the task, its environment, one engine per p
 `View`s: token streams with, per token, the owning policy (index into the view's policies, -1 for
 prompt and environment tokens), behaviour log-prob and weight version. Most workflows return one
 view per episode; one whose roles must not see each other's context (`referential_game`) returns
-one per role, and the worker gives each its own deterministic traj_id in the same group.
+one per role, and one may add a view that only one role trains on (`solve_and_verify`'s
+`balanced_verdicts`); the worker gives each its own deterministic traj_id in the same group.
 """
 
 from __future__ import annotations
@@ -129,8 +130,9 @@ class Workflow:
 
     name: ClassVar[str] = ""
     roles: ClassVar[tuple[str, ...]] = ()
-    #: trajectories each episode produces
-    views: ClassVar[int] = 1
+    #: trajectories each episode produces (an instance may set it from its arguments:
+    #: solve_and_verify's `balanced_verdicts`)
+    views: int = 1
 
     class Args(StrictModel):
         """No arguments."""

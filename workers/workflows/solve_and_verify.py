@@ -5,21 +5,56 @@ anything else (reject); after a rejection the solver answers once more. One shar
 `<bos>3+4=` solver `7` `?` verifier `y`, or `... ?` verifier `n` `=` solver `8`.
 Rewards: solver 1 for a correct final answer; verifier 1 when its verdict matches the correctness of
 the answer it judged. If one policy plays both roles, its reward is the mean of the two.
+
+`balanced_verdicts` (workflow_args): the verifier judges only the solver's answers, mostly wrong
+while the solver is untrained, so without it the verifier learns "always reject" before it can
+learn to add, and then never samples `y` again (bench/RESULTS.md, "guess_number, solve_and_verify
+and the full addition task"). With it each episode yields a second view, the verifier's alone:
+`<bos>3+4=` answer `?` verifier verdict, where the answer (environment tokens, not trained) is the
+environment's right one when the solver's first answer was wrong, and a wrong one of as many
+digits (drawn with the episode's rng) when it was right. Every episode then gives the verifier one
+right and one wrong answer to judge, and always rejecting earns 0.5, as always approving does. The
+group holds group_size x 2 trajectories (episodes.py), the verifier's GRPO group all 2 x
+group_size verdicts; the solver's samples and its retry are unchanged.
 """
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any, Protocol, cast
+
+from astraflow.config import StrictModel
 from workers.envs.base import Environment
-from workers.workflows.base import EpisodeContext, View, Workflow, policies_of
+from workers.workflows.base import EpisodeContext, View, Workflow, policies_of, require
+
+
+class KnownAnswer(Protocol):
+    """What `balanced_verdicts` asks of the environment besides `Environment`."""
+
+    def answer(self, state: Any) -> str: ...
+    def wrong_answer(self, state: Any, rng: Any) -> str: ...
 
 
 class SolveAndVerifyWorkflow(Workflow):
     name = "solve_and_verify"
     roles = ("solver", "verifier")
 
+    class Args(StrictModel):
+        """Arguments of `solve_and_verify`."""
+
+        balanced_verdicts: bool = False
+        """Add a verifier-only view per episode showing an answer of the opposite correctness to the
+        solver's first one (the module docstring), so the verifier judges as many right answers as
+        wrong ones. Needs an environment that knows its answers (`answer`, `wrong_answer`)."""
+
+    def __init__(self, **args: Any) -> None:
+        super().__init__(**args)
+        self.views = 2 if self.args.balanced_verdicts else 1
+
     def check_env(self, env: Environment) -> None:
         # any environment whose first step ends the episode works; that is checked per episode
-        return None
+        if self.args.balanced_verdicts:
+            require(env, f"{self.name} with balanced_verdicts", "answer", "wrong_answer")
 
     async def _attempt(self, ctx: EpisodeContext, view: View, policy: str, state: object) -> bool:
         result = await ctx.generate(view, policy, **ctx.env.turn_params(state, ctx.codec))
@@ -37,9 +72,24 @@ class SolveAndVerifyWorkflow(Workflow):
         view.add_env([codec.bos, *codec.ids(observation)])
         correct = await self._attempt(ctx, view, solver, state)
         view.add_env(codec.ids("?"))
-        verdict = await ctx.generate(view, verifier, max_tokens=1)
-        approve = verdict.tokens == codec.ids("y")
+        verdicts = [ctx.generate(view, verifier, max_tokens=1)]
+        extra = None
+        if self.args.balanced_verdicts:
+            known = cast(KnownAnswer, ctx.env)  # check_env required these methods
+            # the opposite of the solver's answer: right when it was wrong, wrong when it was right
+            shown = known.wrong_answer(state, ctx.rng) if correct else known.answer(state)
+            extra = View(policies=[verifier])
+            extra.add_env([codec.bos, *codec.ids(observation), *codec.ids(shown), *codec.ids("?")])
+            verdicts.append(ctx.generate(extra, verifier, max_tokens=1))
+        # both verdicts in one engine batch
+        results = await asyncio.gather(*verdicts)
+        approve = results[0].tokens == codec.ids("y")
         verdict_right = approve == correct
+        if extra is not None:
+            # the shown answer is right exactly when the solver's was wrong
+            extra.rewards = {verifier: float((results[1].tokens == codec.ids("y")) != correct)}
+            if results[1].finish_reason == "aborted":
+                extra.finish_reason = "aborted"
         if not approve:
             view.add_env(codec.ids("="))
             correct = await self._attempt(ctx, view, solver, state)
@@ -48,4 +98,4 @@ class SolveAndVerifyWorkflow(Workflow):
         for role, policy in (("solver", solver), ("verifier", verifier)):
             by_policy.setdefault(policy, []).append(role_rewards[role])
         view.rewards = {p: sum(v) / len(v) for p, v in by_policy.items()}
-        return [view]
+        return [view] if extra is None else [view, extra]
