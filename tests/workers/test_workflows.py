@@ -147,6 +147,37 @@ def test_solve_and_verify_balanced_verdicts_show_the_verifier_the_opposite_answe
     assert codec.text(own.tokens.tolist()) == "<bos>3+4=7?y" and own.rewards == {"B": 1.0}
 
 
+def test_solve_and_verify_strict_verdicts_reward_only_n_as_a_rejection(codec: Any) -> None:
+    def run(replies: list[str], verdicts: list[str], strict: bool) -> list[Any]:
+        args = {"balanced_verdicts": True, "strict_verdicts": strict}
+        recipe = make_recipe(
+            policies=[{"name": "A"}, {"name": "B"}],
+            worker={"workflow": "solve_and_verify", "workflow_args": args},
+        )
+        task = Task(
+            task_id="s",
+            env="arithmetic",
+            roles={"solver": "A", "verifier": "B"},
+            prompt="3+4=",
+            payload={"answer": "7"},
+        )
+        return episode(
+            recipe, codec, task, {"A": Scripted("A", codec, replies), "B": Scripted("B", codec, verdicts)}
+        )
+
+    # a wrong answer rejected with `?` (not `n`): right without the option, wrong with it; the
+    # solver is sent back either way
+    for strict, reward in ((False, 1.0), (True, 0.0)):
+        real, own = run(["6", "7"], ["?", "y"], strict)
+        assert codec.text(real.tokens.tolist()) == "<bos>3+4=6??=7"
+        assert real.rewards == {"A": 1.0, "B": reward} and own.rewards == {"B": 1.0}
+    # `n` for a wrong answer and `y` for a right one are right verdicts in both views
+    real, own = run(["7"], ["y", "n"], True)
+    assert real.rewards == {"A": 1.0, "B": 1.0} and own.rewards == {"B": 1.0}
+    real, own = run(["7", "7"], ["n", "1"], True)  # a right answer rejected; a wrong one met with `1`
+    assert real.rewards == {"A": 1.0, "B": 0.0} and own.rewards == {"B": 0.0}
+
+
 def test_solve_and_verify_refuses_unknown_options_and_answerless_environments(codec: Any) -> None:
     from astraflow.errors import ConfigError
     from workers.registry import workflow_class

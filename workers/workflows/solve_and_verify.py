@@ -16,6 +16,13 @@ digits (drawn with the episode's rng) when it was right. Every episode then give
 right and one wrong answer to judge, and always rejecting earns 0.5, as always approving does. The
 group holds group_size x 2 trajectories (episodes.py), the verifier's GRPO group all 2 x
 group_size verdicts; the solver's samples and its retry are unchanged.
+
+`strict_verdicts`: only `n` is a right rejection (any token but `y` and `n` is a wrong verdict, and
+still sends the solver back). Balanced data alone is not enough: with every token but `y` a right
+rejection, the zero-sum noise of GRPO's groups drifts the verdicts onto one of those many tokens
+and `y`, one token of the alphabet, is not sampled again (bench.two_policy_sync, 300 steps: `P(y)`
+0.007). Strict, the other tokens are pushed out first and `y` and `n` compete evenly; an
+`entropy_target` on the verifier keeps the loser of that race sampled while it learns to add.
 """
 
 from __future__ import annotations
@@ -46,6 +53,10 @@ class SolveAndVerifyWorkflow(Workflow):
         """Add a verifier-only view per episode showing an answer of the opposite correctness to the
         solver's first one (the module docstring), so the verifier judges as many right answers as
         wrong ones. Needs an environment that knows its answers (`answer`, `wrong_answer`)."""
+        strict_verdicts: bool = False
+        """Reward only `y` for a right answer and only `n` for a wrong one: any other verdict token
+        is a wrong verdict (it still sends the solver back). Without it every token but `y` is a
+        right rejection, and the verdicts drift onto one of those many tokens."""
 
     def __init__(self, **args: Any) -> None:
         super().__init__(**args)
@@ -62,6 +73,11 @@ class SolveAndVerifyWorkflow(Workflow):
         if not step.done:
             raise ValueError(f"environment {ctx.env.name!r} is not single-turn: solve_and_verify needs one")
         return step.reward >= 1.0
+
+    def _verdict_right(self, verdict: list[int], answer_right: bool, codec: Any) -> bool:
+        if answer_right:
+            return verdict == codec.ids("y")
+        return verdict == codec.ids("n") if self.args.strict_verdicts else verdict != codec.ids("y")
 
     async def run(self, ctx: EpisodeContext) -> list[View]:
         solver = ctx.policy("solver", self.roles)
@@ -84,10 +100,10 @@ class SolveAndVerifyWorkflow(Workflow):
         # both verdicts in one engine batch
         results = await asyncio.gather(*verdicts)
         approve = results[0].tokens == codec.ids("y")
-        verdict_right = approve == correct
+        verdict_right = self._verdict_right(results[0].tokens, correct, codec)
         if extra is not None:
             # the shown answer is right exactly when the solver's was wrong
-            extra.rewards = {verifier: float((results[1].tokens == codec.ids("y")) != correct)}
+            extra.rewards = {verifier: float(self._verdict_right(results[1].tokens, not correct, codec))}
             if results[1].finish_reason == "aborted":
                 extra.finish_reason = "aborted"
         if not approve:
