@@ -98,8 +98,8 @@ class Trainer(Publication):
         settings: KafkaSettings | None = None,
         max_steps: int | None = None,
     ) -> None:
-        self.recipe, self.policy, self.cfg = recipe, policy, recipe.trainer
         recipe.model_for(policy)  # unknown policy: ConfigError now
+        self.recipe, self.policy, self.cfg = recipe, policy, recipe.trainer_for(policy)
         self.run_dir = run_dir_of(recipe, run_dir)
         self.home = self.run_dir / "trainer" / policy
         self.max_steps = max_steps or self.cfg.max_steps or recipe.run.max_steps

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from astraflow.config.base import StrictModel, load_model
+from astraflow.config.base import StrictModel, format_validation_error, load_model
 from astraflow.config.feeder import FeederConfig
 from astraflow.config.kafka import KafkaSettings
 from astraflow.config.models import ModelSpec
 from astraflow.config.run import RunConfig
 from astraflow.config.streams import StreamsConfig
-from astraflow.config.trainer import TrainerConfig
+from astraflow.config.trainer import LossConfig, TrainerConfig
 from astraflow.config.worker import WorkerConfig
 
 POLICY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]{0,63}$")
@@ -31,6 +32,9 @@ class PolicySpec(StrictModel):
     """Policy name; used in topic names (`samples.<name>`) and in trajectories."""
     model: ModelSpec | None = None
     """This policy's model; defaults to the recipe's `model`."""
+    loss: dict[str, Any] = Field(default_factory=dict)
+    """This policy's trainer's changes to `trainer.loss`, key by key (e.g. `{entropy_target: 0.5}`
+    for one policy of two); the rest of `trainer.loss` and of `trainer` apply as they are."""
 
     @field_validator("name")
     @classmethod
@@ -71,11 +75,18 @@ class Recipe(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _policy_losses(self) -> Recipe:
+        for p in self.policies:
+            self.trainer_for(p.name)  # a bad key or value fails here, at load time
+        return self
+
+    @model_validator(mode="after")
     def _kl_needs_full_support(self) -> Recipe:
         # the trainer reads worker.top_p/top_k too: under truncation a sampled token can lie outside
         # the reference's kept set, where its log-prob is -inf and the KL to the reference infinite
         w = self.worker
-        if self.trainer.loss.kl_coef > 0 and (w.top_p < 1.0 or w.top_k > 0):
+        kl = max(self.trainer_for(p).loss.kl_coef for p in self.policy_names)
+        if kl > 0 and (w.top_p < 1.0 or w.top_k > 0):
             raise ValueError(
                 f"trainer.loss.kl_coef > 0 needs worker.top_p: 1 and worker.top_k: 0 (got {w.top_p}, "
                 f"{w.top_k}): the KL to the reference is infinite on tokens outside its top-p/top-k set"
@@ -121,6 +132,18 @@ class Recipe(StrictModel):
     @property
     def policy_names(self) -> list[str]:
         return [p.name for p in self.policies]
+
+    def trainer_for(self, policy: str) -> TrainerConfig:
+        """The `trainer` section as `policy`'s trainer runs it: with the policy's own `loss` keys."""
+        spec = next((p for p in self.policies if p.name == policy), None)
+        if spec is None or not spec.loss:
+            return self.trainer
+        data = {**self.trainer.loss.model_dump(), **spec.loss}
+        try:
+            loss = LossConfig.model_validate(data)
+        except ValidationError as exc:
+            raise ValueError(format_validation_error(exc, f"policies.{policy}.loss")) from None
+        return self.trainer.model_copy(update={"loss": loss})
 
     def model_for(self, policy: str) -> ModelSpec:
         for p in self.policies:

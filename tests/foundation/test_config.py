@@ -67,6 +67,28 @@ def test_sampling_settings_are_defined_once_and_trainable(tmp_path: Path, text: 
     assert words in str(info.value) and str(tmp_path) in str(info.value)
 
 
+def test_a_policy_changes_its_own_trainers_loss_only(tmp_path: Path) -> None:
+    text = (
+        "name: x\npolicies: [{name: a}, {name: b, loss: {entropy_target: 0.5}}]\n"
+        "trainer: {lr: 0.001, loss: {clip_high: 0.3}}\n"
+    )
+    recipe = load_recipe(write(tmp_path, text))
+    a, b = recipe.trainer_for("a"), recipe.trainer_for("b")
+    assert a.loss.entropy_target is None and b.loss.entropy_target == 0.5
+    assert a.loss.clip_high == b.loss.clip_high == 0.3 and a.lr == b.lr == 0.001  # the rest is shared
+    for loss, words in (
+        ("{entropy_targt: 0.5}", "policies.b.loss: unknown key 'entropy_targt'"),
+        ("{entropy_target: -1}", "policies.b.loss: entropy_target"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            load_recipe(write(tmp_path, f"name: x\npolicies: [{{name: a}}, {{name: b, loss: {loss}}}]\n"))
+        assert words in str(info.value), str(info.value)
+    # one policy's KL needs full-support sampling too
+    bad = "name: x\npolicies: [{name: a, loss: {kl_coef: 0.1}}]\nworker: {top_p: 0.9}\n"
+    with pytest.raises(ConfigError, match="kl_coef > 0 needs"):
+        load_recipe(write(tmp_path, bad))
+
+
 def test_worker_sampling_settings_load() -> None:
     from astraflow.config import Recipe
     from astraflow.sampling import SamplingSettings
