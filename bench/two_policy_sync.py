@@ -54,7 +54,12 @@ def tenths(values: list[float]) -> list[float]:
 
 
 async def play(
-    data: dict[str, Any], steps: int, lag: int, work: Path, per_policy: dict[str, dict[str, Any]]
+    data: dict[str, Any],
+    steps: int,
+    lag: int,
+    work: Path,
+    per_policy: dict[str, dict[str, Any]],
+    verifier_every: int = 0,
 ) -> dict[str, Any]:
     recipe = Recipe.model_validate(data)
     policies = recipe.policy_names
@@ -72,7 +77,7 @@ async def play(
     }
     trainers = {}
     for p in policies:
-        cfg = recipe.trainer.model_dump()
+        cfg = recipe.trainer_for(p).model_dump()
         for key, value in per_policy.get(p, {}).items():
             cfg = set_key(cfg, key, value)
         trainer_cfg = type(recipe.trainer).model_validate(cfg)
@@ -88,6 +93,7 @@ async def play(
     published: dict[str, deque[dict[str, torch.Tensor]]] = {p: deque() for p in policies}
     tasks = generated_tasks(recipe)
     success: list[float] = []
+    rewards: dict[str, list[float]] = {p: [] for p in policies}
     entropy: dict[str, list[float]] = {p: [] for p in policies}
     for step in range(1, steps + 1):
         batch = [next(tasks) for _ in range(recipe.trainer.batch_groups)]
@@ -108,8 +114,9 @@ async def play(
                 for g in groups.values()
                 for s in samples_of([t for t in g if p in t.rewards and t.policy_mask(p).any()], p)
             ]
+            rewards[p].append(float(np.mean([s.reward for s in samples])))
             if i == 0:
-                success.append(float(np.mean([s.reward for s in samples])))
+                success.append(rewards[p][-1])
             out = trainers[p].step(
                 collate(samples, codec.pad),
                 step,
@@ -123,6 +130,12 @@ async def play(
             )
             if len(published[p]) > lag:
                 await engines[p].update_weights(published[p].popleft(), step - lag)
+        if verifier_every and step % verifier_every == 0 and "verifier" in trainers:
+            acc = verifier_accuracy(trainers["verifier"].model, codec, recipe.feeder.env_args)
+            print(
+                f"  step {step}: rewards {[round(v[-1], 3) for v in rewards.values()]}, verifier {acc}",
+                flush=True,
+            )
     for e in engines.values():
         await e.close()
     await runtime.close()
@@ -130,6 +143,7 @@ async def play(
         "tenths": tenths(success),
         "judged": learning([{"reward.mean": x} for x in success]),
         "entropy": {p: [round(tenths(v)[i], 2) for i in (0, 4, 9)] for p, v in entropy.items()},
+        "reward": {p: [round(tenths(v)[i], 3) for i in (0, 4, 9)] for p, v in rewards.items()},
     }
     if recipe.worker.workflow == "solve_and_verify" and "verifier" in trainers:
         out["verifier_balanced"] = verifier_accuracy(
@@ -143,13 +157,15 @@ def verifier_accuracy(model: torch.nn.Module, codec: Codec, env_args: dict[str, 
     with its right answer and with every wrong answer of the same number of digits, as the workflow
     shows them (`<bos>a+b=` answer `?`); its arg-max verdict approves when it is `y`. Returns the
     share of right answers approved, of wrong answers rejected, and their mean (balanced accuracy:
-    0.5 for a verifier that always approves or always rejects)."""
+    0.5 for a verifier that always approves or always rejects), and the mean probability of `y`
+    on right and on wrong answers (how far an arg-max verdict is from changing)."""
     from workers.envs.arithmetic import ArithmeticEnv
 
     env = ArithmeticEnv(**env_args)
     yes = codec.ids("y")
     approved: list[bool] = []
     rejected: list[bool] = []
+    p_yes: dict[bool, list[float]] = {True: [], False: []}
     model.eval()
     with torch.no_grad():
         for spec, epoch in env.tasks(0):
@@ -160,12 +176,20 @@ def verifier_accuracy(model: torch.nn.Module, codec: Codec, env_args: dict[str, 
             first = 10 ** (len(answer) - 1) if len(answer) > 1 else 0
             for shown in map(str, range(first, 10 ** len(answer))):
                 ids = [codec.bos, *codec.ids(spec.prompt), *codec.ids(shown), *codec.ids("?")]
-                approves = [int(model(torch.tensor([ids])).logits[0, -1].argmax())] == yes
+                logits = model(torch.tensor([ids])).logits[0, -1]
+                approves = [int(logits.argmax())] == yes
                 right = shown == answer
+                p_yes[right].append(float(torch.softmax(logits.float(), -1)[yes[0]]))
                 (approved if right else rejected).append(approves == right)  # the verdict was correct
     model.train()
     right, wrong = float(np.mean(approved)), float(np.mean(rejected))
-    return {"right_approved": right, "wrong_rejected": wrong, "balanced": (right + wrong) / 2}
+    return {
+        "right_approved": right,
+        "wrong_rejected": wrong,
+        "balanced": (right + wrong) / 2,
+        "p_yes_right": round(float(np.mean(p_yes[True])), 3),
+        "p_yes_wrong": round(float(np.mean(p_yes[False])), 3),
+    }
 
 
 def main() -> None:
@@ -181,6 +205,13 @@ def main() -> None:
         default=[],
         metavar="POLICY:KEY=YAML",
         help="one policy's trainer override, e.g. listener:lr=1e-4",
+    )
+    parser.add_argument(
+        "--verifier-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="solve_and_verify: judge the verifier every N steps",
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -200,14 +231,16 @@ def main() -> None:
         torch.manual_seed(seed)
         start = time.time()
         with tempfile.TemporaryDirectory() as tmp:
-            r = asyncio.run(play(seeded(base, seed), args.steps, args.lag, Path(tmp), per_policy))
+            r = asyncio.run(
+                play(seeded(base, seed), args.steps, args.lag, Path(tmp), per_policy, args.verifier_every)
+            )
         best, end = r["judged"]["best_tenth"], r["judged"]["last_tenth"]  # as the run summary has them
         ok = best >= 0.9 and end >= 0.7
         learned += ok
         print(
             f"seed {seed}: {'learned' if ok else 'NOT learned'}, best tenth {best:.3f}, last {end:.3f} "
             f"({time.time() - start:.0f} s); tenths {[round(x, 3) for x in r['tenths']]}; "
-            f"entropy first/middle/last tenth {r['entropy']}"
+            f"entropy first/middle/last tenth {r['entropy']}; reward first/middle/last tenth {r['reward']}"
             + (f"; verifier on a balanced set {r['verifier_balanced']}" if "verifier_balanced" in r else ""),
             flush=True,
         )
