@@ -12,7 +12,10 @@ permutation test finds significant (p < 0.05, astraflow/runner/report.py):
 - referential_game: both policies reach a best tenth of success >= 0.9;
 - guess_number: the agent's best tenth of success >= 0.8;
 - solve_and_verify: the solver's reward rises and the verifier's last tenth of reward >= 0.9 (its
-  reward is verdict accuracy on the solver's answers, not the issue's balanced set);
+  reward is the accuracy of its sampled verdicts on what it judged: the solver's answers and, with the
+  recipe's balanced_verdicts, as many answers of the opposite correctness; the entropy target that
+  keeps its verdicts sampled holds this near 0.8, so the issue's measure is the arg-max verdict's
+  balanced accuracy, bench.two_policy_sync.verifier_accuracy);
 - addition (the full addition task of bench.vs_trl): greedy accuracy of the final checkpoint on the
   100 sums >= 0.9 (`bench.sums.greedy_accuracy`, read back as `policies.solver.greedy.accuracy`);
 - arithmetic, search, code: the reward rises.
