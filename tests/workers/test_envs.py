@@ -156,6 +156,14 @@ def test_code_env_rewards_passing_programs(codec: Any) -> None:
     assert good.info["isolation"] == "bwrap"  # `make test` installs bubblewrap
 
 
+def test_code_env_scores_a_program_that_does_not_compile_without_the_sandbox(codec: Any) -> None:
+    env = CodeEnv()
+    state, _ = env.reset(task_of(env), codec, random.Random(0))
+    broken = asyncio.run(env.step(state, [*codec.ids("x+)"), codec.eos], codec))
+    assert broken.reward == 0.0 and broken.info["passed"] == 0 and broken.info["total"] == 7
+    assert broken.info["reason"].startswith("SyntaxError") and broken.info["isolation"] == "not run"
+
+
 def test_referential_views(codec: Any) -> None:
     env = ReferentialEnv()
     task = task_of(env)

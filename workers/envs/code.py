@@ -5,13 +5,16 @@ the rest of the function until <eos>. The program is the head plus the model's t
 fraction of hidden tests it passes in `workers.envs.sandbox` (bubblewrap namespaces where available;
 CPU, memory and wall-clock limits, no network, a temporary directory). The sandbox only runs the
 program on the test inputs: the worker compares the results, with exact types, against the expected
-values. Broken, slow, forging or hostile programs score 0, and the reason is kept.
+values. Broken, slow, forging or hostile programs score 0, and the reason is kept. A program that
+does not compile scores 0 before any sandbox starts: compiling runs none of its code (CPython bounds
+its constant folding), and it saves a subprocess for most of an untrained policy's programs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +28,17 @@ from workers.envs.sandbox import Isolation, Limits, run_tests
 HEAD = "def f(x):\n return "
 INPUTS = (0, 1, 2, 5, 7, -3, 10)
 FORMS = ("x+{k}", "x*{k}", "x-{k}", "x%{k}", "x//{k}", "{k}*x+1", "x*x+{k}", "max(x,{k})")
+
+
+def syntax_error(source: str) -> str | None:
+    """Why `source` does not compile (`SyntaxError: ...`), or None. Compiling executes nothing."""
+    try:
+        with warnings.catch_warnings():  # `5(x)` compiles with a SyntaxWarning: not ours to log
+            warnings.simplefilter("ignore")
+            compile(source, "solution.py", "exec")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:  # ValueError: a NUL byte
+        return f"{type(exc).__name__}: {exc}"[:300]
+    return None
 
 
 class CodeEnv(Environment):
@@ -73,6 +87,21 @@ class CodeEnv(Environment):
 
     async def step(self, state: Any, action: list[int], codec: Codec) -> Step:
         source = state["head"] + codec.text(action) + "\n"
+        broken = syntax_error(source)
+        if broken is not None:
+            # it would fail every test in the sandbox too; compiling runs none of its code, and a
+            # policy that has not learned the syntax yet writes mostly such programs
+            return Step(
+                reward=0.0,
+                done=True,
+                info={
+                    "passed": 0,
+                    "total": len(state["tests"]),
+                    "reason": broken,
+                    "isolation": "not run",
+                    "truncated": codec.eos not in action,
+                },
+            )
         limits = Limits(cpu_s=self.args.cpu_s, memory_mb=self.args.memory_mb, wall_s=self.args.wall_s)
         result = await run_tests(source, state["func"], state["tests"], limits, self.args.isolation)
         if self.args.judge_latency_s:
