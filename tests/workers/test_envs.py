@@ -141,26 +141,6 @@ def test_search_env_tool_use_with_latency(codec: Any) -> None:
     loop.close()
 
 
-def test_search_prefix_credit_pays_the_right_leading_characters_of_the_answer(codec: Any) -> None:
-    task = task_of(SearchEnv())
-    answer = task.payload["answer"]
-    wrong = answer[:-1] + ("x" if answer[-1] != "x" else "y")  # all but the last character right
-
-    def reward(env: SearchEnv, lines: list[str]) -> float:
-        state, _ = env.reset(task, codec, random.Random(0))
-        return [asyncio.run(env.step(state, codec.ids(line), codec)) for line in lines][-1].reward
-
-    credit = SearchEnv(prefix_credit=0.3, max_turns=2)
-    want = len(f"a {answer}")
-    assert reward(credit, [f"a {answer}\n"]) == 1.0
-    assert reward(credit, [f"a {wrong}\n"]) == pytest.approx(0.3 * (want - 1) / want)
-    assert reward(credit, ["b\n"]) == 0.0
-    assert reward(credit, ["?\n", "a\n"]) == pytest.approx(0.3 / want)  # the last turn's line too
-    assert reward(SearchEnv(), [f"a {wrong}\n"]) == 0.0  # off by default
-    with pytest.raises(ConfigError, match="prefix_credit"):
-        SearchEnv(prefix_credit=1.0)
-
-
 def test_code_env_rewards_passing_programs(codec: Any) -> None:
     env = CodeEnv()
     task = task_of(env)

@@ -4,8 +4,7 @@ Each task's corpus comes from `payload.corpus_seed`: made-up entities with attri
 document per fact (`zorb color red`). The prompt asks for one fact (`color of zorb?\n`). Each turn the
 model writes one line: `s <query>` runs a search (after `tool_latency_s`, the simulated cost of a real
 tool) and the top documents come back as the next observation; `a <answer>` ends the episode.
-Reward 1 for the right answer, else 0, or `prefix_credit` x the share of the answer line `a <fact>` that
-a wrong line gets right from its first character on.
+Reward 1 for the right answer, else 0.
 """
 
 from __future__ import annotations
@@ -46,14 +45,6 @@ def make_corpus(
     return tuple(f"{e} {a} {v}" for e, a, v in facts), tuple(facts)
 
 
-def prefix_share(line: str, want: str) -> float:
-    """The share of `want` that `line` gets right from the first character on."""
-    right = 0
-    while right < min(len(line), len(want)) and line[right] == want[right]:
-        right += 1
-    return right / len(want)
-
-
 @lru_cache(maxsize=64)
 def index_for(corpus_seed: int, n_entities: int) -> BM25:
     return BM25(make_corpus(corpus_seed, n_entities)[0])
@@ -77,11 +68,6 @@ class SearchEnv(Environment):
         """Longest line the model may write in one turn."""
         tool_latency_s: float = Field(default=0.0, ge=0.0, le=60.0)
         """Simulated latency of one search call."""
-        prefix_credit: float = Field(default=0.0, ge=0.0, lt=1.0)
-        """Reward of a wrong final line: this times the share of the right line `a <fact>` it gets right
-        from its first character on (`a rex` for `a red`: 4/5 of it), as the arithmetic environment's;
-        a policy from scratch then learns the answer's form before it finds facts. 0 (the default)
-        keeps the reward exact-match only."""
 
     def tasks(self, seed: int) -> Iterator[tuple[TaskSpec, int]]:
         pool = []
@@ -128,8 +114,7 @@ class SearchEnv(Environment):
         last = state["turns"] >= self.args.max_turns
         if line.startswith("a "):
             ok = line[2:].strip() == state["answer"]
-            reward = 1.0 if ok else self.args.prefix_credit * prefix_share(line, f"a {state['answer']}")
-            return Step(reward=reward, done=True, info={"searches": state["searches"], "correct": ok})
+            return Step(reward=1.0 if ok else 0.0, done=True, info={"searches": state["searches"]})
         if line.startswith("s ") and not last:
             if self.args.tool_latency_s:
                 await asyncio.sleep(self.args.tool_latency_s)
@@ -138,6 +123,5 @@ class SearchEnv(Environment):
             hits = index.search(line[2:], self.args.top_k)
             return Step(observation="; ".join(index.docs[i] for i, _ in hits) + "\n")
         if last:
-            reward = self.args.prefix_credit * prefix_share(line, f"a {state['answer']}")
-            return Step(reward=reward, done=True, info={"searches": state["searches"], "correct": False})
+            return Step(reward=0.0, done=True, info={"searches": state["searches"]})
         return Step(observation="?\n")
