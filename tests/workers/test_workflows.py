@@ -83,15 +83,25 @@ def test_agent_multi_turn_token_in_token_out(codec: Any) -> None:
     assert decode(encode(t)) == t
 
 
-def test_solve_and_verify_rewards(codec: Any) -> None:
-    recipe = make_recipe(policies=[{"name": "A"}, {"name": "B"}], worker={"workflow": "solve_and_verify"})
+def solve_and_verify(group_size: int = 1, **args: Any) -> tuple[Any, Task]:
+    """A solve_and_verify recipe (solver A, verifier B, `args` as its workflow_args) and its `3+4=` task."""
+    worker: dict[str, Any] = {"workflow": "solve_and_verify"}
+    if args:
+        worker["workflow_args"] = args
+    recipe = make_recipe(policies=[{"name": "A"}, {"name": "B"}], worker=worker)
     task = Task(
         task_id="s",
         env="arithmetic",
         roles={"solver": "A", "verifier": "B"},
+        group_size=group_size,
         prompt="3+4=",
         payload={"answer": "7"},
     )
+    return recipe, task
+
+
+def test_solve_and_verify_rewards(codec: Any) -> None:
+    recipe, task = solve_and_verify()
     # wrong answer, verifier rejects (right verdict), retry correct
     a, b = Scripted("A", codec, ["6", "7"]), Scripted("B", codec, ["n"])
     [t] = episode(recipe, codec, task, {"A": a, "B": b})
@@ -109,18 +119,7 @@ def test_solve_and_verify_rewards(codec: Any) -> None:
 
 
 def test_solve_and_verify_balanced_verdicts_show_the_verifier_the_opposite_answer(codec: Any) -> None:
-    recipe = make_recipe(
-        policies=[{"name": "A"}, {"name": "B"}],
-        worker={"workflow": "solve_and_verify", "workflow_args": {"balanced_verdicts": True}},
-    )
-    task = Task(
-        task_id="s",
-        env="arithmetic",
-        roles={"solver": "A", "verifier": "B"},
-        group_size=4,
-        prompt="3+4=",
-        payload={"answer": "7"},
-    )
+    recipe, task = solve_and_verify(group_size=4, balanced_verdicts=True)
     # the solver is wrong: the verifier's own view shows the environment's right answer, which it
     # rejects (a wrong verdict); the real episode (rejection, retry) is as without the option
     a, b = Scripted("A", codec, ["6", "7"]), Scripted("B", codec, ["n", "n"])
@@ -149,18 +148,7 @@ def test_solve_and_verify_balanced_verdicts_show_the_verifier_the_opposite_answe
 
 def test_solve_and_verify_strict_verdicts_reward_only_n_as_a_rejection(codec: Any) -> None:
     def run(replies: list[str], verdicts: list[str], strict: bool) -> list[Any]:
-        args = {"balanced_verdicts": True, "strict_verdicts": strict}
-        recipe = make_recipe(
-            policies=[{"name": "A"}, {"name": "B"}],
-            worker={"workflow": "solve_and_verify", "workflow_args": args},
-        )
-        task = Task(
-            task_id="s",
-            env="arithmetic",
-            roles={"solver": "A", "verifier": "B"},
-            prompt="3+4=",
-            payload={"answer": "7"},
-        )
+        recipe, task = solve_and_verify(balanced_verdicts=True, strict_verdicts=strict)
         return episode(
             recipe, codec, task, {"A": Scripted("A", codec, replies), "B": Scripted("B", codec, verdicts)}
         )
