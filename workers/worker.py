@@ -49,6 +49,20 @@ log = logging.getLogger(__name__)
 POLL_TICK_S = 0.005
 
 
+def take_partitions(consumer: Any, partitions: list[Any], paused: bool) -> None:
+    """The assignment callback's work: assign `partitions` (incrementally) and set their pause flag
+    to `paused`, the state of the worker's other partitions, whatever it was. librdkafka keeps a
+    partition's pause flag on a consumer across a revoke and a later re-assign (its issue #1849): a
+    partition revoked while the worker was paused and given back while it took tasks stayed paused
+    for good, and its tasks never ran (CI: 6 of 72 in tests/workers/test_elastic.py after a kill).
+    Pausing needs the partitions assigned, so this assigns them rather than the client after it."""
+    consumer.incremental_assign(partitions)
+    if paused:
+        consumer.pause(partitions)
+    else:
+        consumer.resume(partitions)
+
+
 class Worker:
     def __init__(
         self,
@@ -209,8 +223,7 @@ class Worker:
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         self.assigned |= {tp.partition for tp in partitions}
         log.info("worker %s assigned %s", self.worker_id, sorted(tp.partition for tp in partitions))
-        if self.paused:  # newly assigned partitions start paused like the others
-            consumer.pause(partitions)
+        take_partitions(consumer, partitions, self.paused)
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         revoked = {tp.partition for tp in partitions}

@@ -27,6 +27,7 @@ from .kafka_util import committed, end_offsets, read_topic
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 FIRST, SECOND, GROUP = 24, 48, 2
+EPISODE_MS = 1000
 TASKS = FIRST + SECOND
 
 
@@ -36,7 +37,9 @@ def start_worker(recipe: Path, run_dir: Path, wid: str, log_dir: Path) -> subpro
         worker_cmd(recipe, run_dir, wid, "--region", f"r-{wid}"),
         stdout=log,
         stderr=subprocess.STDOUT,
-        env=subprocess_env(ASTRAFLOW_LOG_LEVEL="INFO"),
+        env=subprocess_env(
+            ASTRAFLOW_LOG_LEVEL="INFO", ASTRAFLOW_WORKER_FAILPOINT=f"episode_delay_ms:{EPISODE_MS}"
+        ),
     )
 
 
@@ -51,15 +54,28 @@ def wait_for(kafka: KafkaSettings, cond: Any, timeout: float) -> list[Trajectory
         time.sleep(0.5)
 
 
+def rebalances(log_dir: Path) -> dict[str, list[str]]:
+    """Each worker's assignment and revocation lines, for a failure's message."""
+    return {
+        log.stem: [
+            line.split(": ", 1)[-1]
+            for line in log.read_text().splitlines()
+            if "assigned" in line or "revoked" in line
+        ]
+        for log in sorted(log_dir.glob("*.log"))
+    }
+
+
 def test_workers_share_join_and_survive_sigkill(kafka: KafkaSettings, topics: Any, tmp_path: Path) -> None:
     from workers.feeder import Feeder
 
     from .conftest import make_recipe
 
     topics(["policy"])
-    # the code environment runs every episode in a sandbox subprocess, and a simulated remote judge
-    # adds 2 s: the run cannot finish before the third worker has joined and the kill (72 tasks x 2
-    # on at most 12 episodes at a time is at least 24 s of judging)
+    # the code environment runs every program that compiles in a sandbox subprocess and a simulated
+    # remote judge adds 2 s to it, but an untrained policy's programs mostly do not compile (scored
+    # at once); every episode holds its slot EPISODE_MS: the run cannot finish before the third
+    # worker has joined and the kill (72 tasks x 2 on at most 12 episodes at a time is at least 12 s)
     data = {
         "name": "elastic",
         "model": dict(TINY),
@@ -113,7 +129,8 @@ def test_workers_share_join_and_survive_sigkill(kafka: KafkaSettings, topics: An
 
         trajs = wait_for(kafka, complete, 240)
         assert complete(trajs), (
-            f"{len({t.group_id for t in trajs})} of {TASKS} tasks have all their trajectories"
+            f"{len({t.group_id for t in trajs})} of {TASKS} tasks have all their trajectories; "
+            f"the workers' partitions: {rebalances(logs)}"
         )
         for w in ("b", "c"):
             procs[w].send_signal(signal.SIGTERM)
