@@ -104,6 +104,7 @@ class Emitter:
             if not batch:
                 continue
             self.emitting.update(gid for gid, _ in batch)
+            self.counters.inc("emit.batches")
             try:
                 await self.emit(batch)
             finally:

@@ -24,6 +24,8 @@ since the previous report. Units: trajectories unless the name says otherwise.
     groups.dropped | groups.recovered | groups.replayed | groups.pending
     stage.<name>.in | .out | .dropped.<reason> | .latency_ms.p50 | .latency_ms.p99
                                       per stage, in order: validate, group, the pipeline, route
+    emit.batches                      emission batches: the groups queued while one batch is emitted
+                                      form the next; each pays the protocol's two awaited round trips
     latency.emit_ms.p50 | .p99        last trajectory of a group consumed -> its Samples acknowledged
     latency.e2e_ms.p50 | .p99         newest trajectory's created_at -> its Samples acknowledged
                                       (spans hosts: includes clock skew)

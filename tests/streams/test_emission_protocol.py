@@ -261,3 +261,41 @@ def test_a_body_lost_with_an_uncommitted_record_waits_for_its_re_delivery() -> N
         and broker.table("groups")["one#0"]["state"] == DONE
         and not broker.table("bodies")
     )
+
+
+def test_groups_queued_while_a_batch_is_emitted_form_the_next_batch() -> None:
+    """The emitter's loop: the groups queued before it runs go in one batch (one intent wait and one
+    Sample wait for all of them), counted `emit.batches`; a group queued later makes a batch of its own."""
+    broker = consumed()
+    sink = FakeSink(broker)
+    collector = GroupCollector(
+        STAGE,
+        FakeTable("groups", sink, broker.table("groups")),
+        FakeTable("bodies", sink, broker.table("bodies")),
+    )
+    emitter = Emitter(collector, pipeline(), ROUTES, sink, cache={}, arrived={})
+    due = collector.due(NOW)
+    assert len(due) > 2
+
+    async def settle() -> None:
+        for _ in range(1000):
+            await asyncio.sleep(0)
+            if not emitter.queue and not emitter.emitting:
+                return
+        raise AssertionError("the emitter did not finish its batches")
+
+    async def run() -> tuple[float, float]:
+        loop = asyncio.create_task(emitter.run())
+        for gid, action in due[:-1]:
+            emitter.enqueue(gid, action)
+        await settle()
+        first = emitter.counters.values["emit.batches"]
+        emitter.enqueue(*due[-1])
+        await settle()
+        loop.cancel()
+        await emitter.delete_done_bodies()  # the next sweep's
+        return first, emitter.counters.values["emit.batches"]
+
+    assert asyncio.run(run()) == (1, 2)
+    sink.durable(lambda w: True)
+    assert problems(broker) == []
