@@ -23,6 +23,9 @@ from astraflow.config.trainer import LossConfig, TrainerConfig
 from astraflow.config.worker import WorkerConfig
 
 POLICY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]{0,63}$")
+#: `trainer` keys that other components read for every policy at once (`Recipe.staleness_window`,
+#: the feeder's progress, the ledger): one policy may not change them.
+SHARED_TRAINER_KEYS = frozenset({"batch_groups", "batch_tokens", "publish_every", "max_steps"})
 
 
 class PolicySpec(StrictModel):
@@ -35,6 +38,10 @@ class PolicySpec(StrictModel):
     loss: dict[str, Any] = Field(default_factory=dict)
     """This policy's trainer's changes to `trainer.loss`, key by key (e.g. `{entropy_target: 0.5}`
     for one policy of two); the rest of `trainer.loss` and of `trainer` apply as they are."""
+    trainer: dict[str, Any] = Field(default_factory=dict)
+    """This policy's trainer's changes to the other keys of `trainer`, key by key (e.g. `{lr: 1.0e-4}`
+    for a policy that learns a task the other's learning rate makes it collapse on); its loss keys
+    go in `loss`."""
 
     @field_validator("name")
     @classmethod
@@ -75,7 +82,7 @@ class Recipe(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _policy_losses(self) -> Recipe:
+    def _policy_trainers(self) -> Recipe:
         for p in self.policies:
             self.trainer_for(p.name)  # a bad key or value fails here, at load time
         return self
@@ -134,16 +141,27 @@ class Recipe(StrictModel):
         return [p.name for p in self.policies]
 
     def trainer_for(self, policy: str) -> TrainerConfig:
-        """The `trainer` section as `policy`'s trainer runs it: with the policy's own `loss` keys."""
+        """The `trainer` section as `policy`'s trainer runs it: with the policy's own `trainer` and
+        `loss` keys over it."""
         spec = next((p for p in self.policies if p.name == policy), None)
-        if spec is None or not spec.loss:
+        if spec is None or not (spec.loss or spec.trainer):
             return self.trainer
         data = {**self.trainer.loss.model_dump(), **spec.loss}
         try:
             loss = LossConfig.model_validate(data)
         except ValidationError as exc:
             raise ValueError(format_validation_error(exc, f"policies.{policy}.loss")) from None
-        return self.trainer.model_copy(update={"loss": loss})
+        if "loss" in spec.trainer:
+            raise ValueError(f"policies.{policy}.trainer: the loss keys go in policies.{policy}.loss")
+        if shared := sorted(SHARED_TRAINER_KEYS & spec.trainer.keys()):
+            raise ValueError(
+                f"policies.{policy}.trainer: {', '.join(shared)} must be the same for every policy (the "
+                "feeder's admission window and the run's ledger count groups with them): set it in `trainer`"
+            )
+        try:
+            return TrainerConfig.model_validate({**self.trainer.model_dump(), **spec.trainer, "loss": loss})
+        except ValidationError as exc:
+            raise ValueError(format_validation_error(exc, f"policies.{policy}.trainer")) from None
 
     def model_for(self, policy: str) -> ModelSpec:
         for p in self.policies:

@@ -1,7 +1,8 @@
 """Config of the trainer (`astraflow trainer --policy P`). Owned by the trainer component.
 
 One section, `trainer:`, applies to every policy's trainer of a recipe; a policy may change keys of
-its own trainer's `loss` (`policies[].loss`, `Recipe.trainer_for`). The loss is
+its own trainer (`policies[].trainer`, e.g. its learning rate) and of its loss (`policies[].loss`),
+`Recipe.trainer_for`. The loss is
 algorithm-blind (advantages come on the Samples); what it exposes is the choice of surrogate
 (PPO, GSPO, CISPO, M2PO), its clipping and importance-sampling correction, the aggregation and the
 regularisers.

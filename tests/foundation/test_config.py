@@ -89,6 +89,26 @@ def test_a_policy_changes_its_own_trainers_loss_only(tmp_path: Path) -> None:
         load_recipe(write(tmp_path, bad))
 
 
+def test_a_policy_changes_its_own_trainers_keys(tmp_path: Path) -> None:
+    text = (
+        "name: x\npolicies: [{name: a, trainer: {lr: 0.0001}, loss: {kl_coef: 0.05}}, {name: b}]\n"
+        "trainer: {lr: 0.001, batch_groups: 4, loss: {clip_high: 0.3}}\n"
+    )
+    recipe = load_recipe(write(tmp_path, text))
+    a, b = recipe.trainer_for("a"), recipe.trainer_for("b")
+    assert (a.lr, b.lr) == (0.0001, 0.001) and (a.loss.kl_coef, b.loss.kl_coef) == (0.05, 0.0)
+    assert a.batch_groups == b.batch_groups == 4 and a.loss.clip_high == b.loss.clip_high == 0.3
+    for trainer, words in (
+        ("{lr: -1}", "policies.a.trainer: lr: Input should be greater than 0"),
+        ("{lrr: 0.1}", "policies.a.trainer: unknown key 'lrr'"),
+        ("{loss: {kl_coef: 0.1}}", "policies.a.trainer: the loss keys go in policies.a.loss"),
+        ("{batch_groups: 2}", "policies.a.trainer: batch_groups must be the same for every policy"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            load_recipe(write(tmp_path, f"name: x\npolicies: [{{name: a, trainer: {trainer}}}]\n"))
+        assert words in str(info.value), str(info.value)
+
+
 def test_worker_sampling_settings_load() -> None:
     from astraflow.config import Recipe
     from astraflow.sampling import SamplingSettings
