@@ -11,11 +11,11 @@ rise of the reward from the first to the last tenth of the steps that the run su
 permutation test finds significant (p < 0.05, astraflow/runner/report.py):
 - referential_game: both policies reach a best tenth of success >= 0.9;
 - guess_number: the agent's best tenth of success >= 0.8;
-- solve_and_verify: the solver's reward rises and the verifier's last tenth of reward >= 0.9 (its
-  reward is the accuracy of its sampled verdicts on what it judged: the solver's answers and, with the
-  recipe's balanced_verdicts, as many answers of the opposite correctness; the entropy target that
-  keeps its verdicts sampled holds this near 0.8, so the issue's measure is the arg-max verdict's
-  balanced accuracy, bench.two_policy_sync.verifier_accuracy);
+- solve_and_verify: the solver's reward rises and the verifier's final checkpoint judges a balanced
+  set (every problem with its right answer and every wrong one of as many digits) with an arg-max
+  balanced accuracy >= 0.9 (bench.two_policy_sync.verifier_accuracy, read back as
+  `policies.verifier.balanced.accuracy`); its reward, the accuracy of its *sampled* verdicts, stays
+  lower: the entropy target that keeps both verdicts sampled holds it near 0.8;
 - addition (the full addition task of bench.vs_trl): greedy accuracy of the final checkpoint on the
   100 sums >= 0.9 (`bench.sums.greedy_accuracy`, read back as `policies.solver.greedy.accuracy`);
 - arithmetic, search, code: the reward rises.
@@ -55,8 +55,8 @@ class Target:
     """One condition on a policy's run summary: `policies.<policy>.<metric>.<stat> <op> <value>`."""
 
     policy: str
-    metric: str  # "reward", "success", or "greedy" (GREEDY's recipes)
-    stat: str  # "best_tenth", "last_tenth", "first_tenth", "p_value", "improvement"; greedy: "accuracy"
+    metric: str  # "reward", "success", or a CHECKPOINT_MEASURES metric ("greedy", "balanced")
+    stat: str  # "best_tenth", "last_tenth", "first_tenth", "p_value", "improvement"; a measure's: "accuracy"
     op: str  # ">=" or "<"
     value: float
 
@@ -84,7 +84,7 @@ TARGETS: dict[str, list[Target]] = {
         Target("listener", "success", "best_tenth", ">=", 0.9),
     ],
     "guess_number": [Target("agent", "success", "best_tenth", ">=", 0.8)],
-    "solve_and_verify": [*rises("solver"), Target("verifier", "reward", "last_tenth", ">=", 0.9)],
+    "solve_and_verify": [*rises("solver"), Target("verifier", "balanced", "accuracy", ">=", 0.9)],
     "addition": [Target("solver", "greedy", "accuracy", ">=", 0.9)],
     "arithmetic": rises("solver"),
     "search": rises("agent"),
@@ -92,24 +92,45 @@ TARGETS: dict[str, list[Target]] = {
 }
 
 
-GREEDY = frozenset({"addition"})
-"""Recipes on bench.sums' task, whose final checkpoint is also decoded greedily."""
-GREEDY_KEY = "greedy.accuracy"
-
-
-def with_greedy(summary: dict[str, Any], run_dir: Path, policy: str) -> dict[str, Any]:
-    """`summary` with `policies.<policy>.greedy.accuracy`: bench.sums' greedy accuracy of the run's
-    final checkpoint, computed once and kept in the run directory as greedy.json."""
+def greedy(final: Path) -> float:
+    """bench.sums' greedy accuracy of a checkpoint on the 100 sums."""
     from bench.sums import greedy_accuracy
+
+    return greedy_accuracy(final)
+
+
+def balanced(final: Path) -> float:
+    """A solve_and_verify verifier checkpoint's arg-max balanced accuracy (recipes/solve_and_verify.yaml's
+    task), bench.two_policy_sync.verifier_accuracy."""
+    from transformers import AutoModelForCausalLM
+
+    from bench.two_policy_sync import verifier_accuracy
+    from workers.envs.base import Codec, load_tokenizer
+
+    env_args = yaml.safe_load((RECIPES / "solve_and_verify.yaml").read_text())["feeder"].get("env_args") or {}
+    model = AutoModelForCausalLM.from_pretrained(final)
+    return verifier_accuracy(model, Codec(load_tokenizer(final)), env_args)["balanced"]
+
+
+#: Recipes also judged on their final checkpoint: recipe -> (policy, metric, measure of a checkpoint).
+CHECKPOINT_MEASURES: dict[str, tuple[str, str, Any]] = {
+    "addition": ("solver", "greedy", greedy),
+    "solve_and_verify": ("verifier", "balanced", balanced),
+}
+
+
+def with_measure(summary: dict[str, Any], run_dir: Path, recipe: str) -> dict[str, Any]:
+    """`summary` with `policies.<policy>.<metric>.accuracy` of the recipe's CHECKPOINT_MEASURES entry,
+    measured on the run's final checkpoint once and kept in the run directory as <metric>.json."""
     from trainer.checkpoint import latest_checkpoint
 
-    kept = run_dir / "greedy.json"
+    policy, metric, measure = CHECKPOINT_MEASURES[recipe]
+    kept = run_dir / f"{metric}.json"
     if not kept.exists():
         final = latest_checkpoint(run_dir / "trainer" / policy / "checkpoints")  # complete ones only
-        accuracy = greedy_accuracy(final) if final else None
-        kept.write_text(json.dumps({"accuracy": accuracy}))
+        kept.write_text(json.dumps({"accuracy": measure(final) if final else None}))
     summary = copy.deepcopy(summary)
-    summary.setdefault("policies", {}).setdefault(policy, {})["greedy"] = json.loads(kept.read_text())
+    summary.setdefault("policies", {}).setdefault(policy, {})[metric] = json.loads(kept.read_text())
     return summary
 
 
@@ -134,7 +155,11 @@ def judge(recipe: str, policies: list[str], summary: dict[str, Any]) -> dict[str
             for m in ("reward", "success")
             for s in ("first_tenth", "last_tenth", "best_tenth", "p_value")
         }
-        | ({GREEDY_KEY: value_of(summary, p, "greedy", "accuracy")} if recipe in GREEDY else {})
+        | (
+            {f"{m}.accuracy": value_of(summary, p, m, "accuracy")}
+            if (measured := CHECKPOINT_MEASURES.get(recipe)) and measured[0] == p and (m := measured[1])
+            else {}
+        )
         for p in policies
     }
     return {
@@ -183,7 +208,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 f"{f(s['success.first_tenth'])} / {f(s['success.last_tenth'])} / "
                 f"{f(s['success.best_tenth'])} | "
                 f"{'yes' if r['learned'] else 'no: ' + '; '.join(r['failed_targets'])}"
-                f"{f' (greedy {f(s[GREEDY_KEY])})' if GREEDY_KEY in s else ''} |"
+                + "".join(f" ({k.split('.')[0]} {f(v)})" for k, v in s.items() if k.endswith(".accuracy"))
+                + " |"
             )
     return "\n".join(lines) + "\n"
 
@@ -281,8 +307,8 @@ def sweep(
         for seed in seeds:
             run_dir = out / name / f"seed-{seed}"
             summary = run_recipe(seeded(base, seed), run_dir, steps, bootstrap)
-            if name in GREEDY:
-                summary = with_greedy(summary, run_dir, policies[0])
+            if name in CHECKPOINT_MEASURES:
+                summary = with_measure(summary, run_dir, name)
             verdict = judge(name, policies, summary)
             results.append(
                 {

@@ -83,9 +83,17 @@ def test_verdicts_follow_each_recipes_targets() -> None:
     assert not ls.judge(
         "arithmetic", ["solver"], summary(solver={"reward": {"p_value": 0.2, "improvement": 0.1}})
     )["learned"]
-    verifier = {"reward": {"last_tenth": 0.87}}
+    verifier = {"reward": {"last_tenth": 0.95}, "balanced": {"accuracy": 0.87}}
     got = ls.judge("solve_and_verify", ["solver", "verifier"], summary(solver=rise, verifier=verifier))
-    assert got["failed_targets"] == ["verifier reward.last_tenth >= 0.9"]
+    assert got["failed_targets"] == ["verifier balanced.accuracy >= 0.9"]
+    assert (
+        got["stats"]["verifier"]["balanced.accuracy"] == 0.87
+        and "balanced.accuracy" not in got["stats"]["solver"]
+    )
+    verifier["balanced"]["accuracy"] = 0.91
+    assert ls.judge("solve_and_verify", ["solver", "verifier"], summary(solver=rise, verifier=verifier))[
+        "learned"
+    ]
     # a recipe without targets learns when every policy's reward rises; a short run has no statistics
     assert ls.judge("new_recipe", ["a"], summary(a=rise))["learned"]
     assert ls.judge("new_recipe", ["a"], summary(a={"reward": {"steps": 5}}))["failed_targets"] == [
@@ -105,18 +113,37 @@ def test_the_addition_recipe_is_judged_by_its_final_checkpoints_greedy_accuracy(
     final = run / "trainer" / "solver" / "checkpoints" / "step-00000003"
     init_checkpoint(recipe.model_for("solver"), final)
     (final / STATE_FILE).write_text("{}")  # what makes a trainer checkpoint complete
-    got = ls.with_greedy(summary(solver={}), run, "solver")
+    got = ls.with_measure(summary(solver={}), run, "addition")
     untrained = got["policies"]["solver"]["greedy"]["accuracy"]
     assert 0.0 <= untrained < 0.2  # 100 sums decoded; an untrained model gets few right
     verdict = ls.judge("addition", ["solver"], got)
     assert not verdict["learned"] and verdict["failed_targets"] == ["solver greedy.accuracy >= 0.9"]
-    assert verdict["stats"]["solver"][ls.GREEDY_KEY] == untrained
+    assert verdict["stats"]["solver"]["greedy.accuracy"] == untrained
     # computed once: a rerun of the sweep reads it back from the run directory
     (run / "greedy.json").write_text(json.dumps({"accuracy": 0.95}))
-    again = ls.judge("addition", ["solver"], ls.with_greedy(summary(solver={}), run, "solver"))
+    again = ls.judge("addition", ["solver"], ls.with_measure(summary(solver={}), run, "addition"))
     assert again["learned"]
     row = {"recipe": "addition", "seed": 0, "targets": [], **again}
     assert "| addition | 0 | solver | - / - / - | - / - / - | yes (greedy 0.950) |" in ls.markdown([row])
+
+
+def test_solve_and_verify_is_judged_by_its_final_verifiers_balanced_accuracy(tmp_path: Path) -> None:
+    from astraflow.models import init_checkpoint
+    from trainer.checkpoint import STATE_FILE
+
+    name = "solve_and_verify"
+    recipe = validate_model(Recipe, yaml.safe_load((ls.RECIPES / f"{name}.yaml").read_text()), name)
+    run = tmp_path / "seed-0"
+    final = run / "trainer" / "verifier" / "checkpoints" / "step-00000003"
+    init_checkpoint(recipe.model_for("verifier"), final)
+    (final / STATE_FILE).write_text("{}")
+    rise = {"reward": {"p_value": 0.001, "improvement": 0.5}}
+    got = ls.with_measure(summary(solver=rise, verifier={}), run, name)
+    untrained = got["policies"]["verifier"]["balanced"]["accuracy"]
+    assert 0.3 <= untrained <= 0.7  # an untrained verifier tells right answers from wrong ones by chance
+    verdict = ls.judge(name, ["solver", "verifier"], got)
+    assert verdict["failed_targets"] == ["verifier balanced.accuracy >= 0.9"]
+    assert json.loads((run / "balanced.json").read_text()) == {"accuracy": untrained}
 
 
 def test_tally_and_markdown_count_seeds_per_recipe() -> None:
