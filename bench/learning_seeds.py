@@ -149,17 +149,14 @@ def judge(recipe: str, policies: list[str], summary: dict[str, Any]) -> dict[str
     failed = [t.describe() for t in targets_for(recipe, policies) if not t.holds(summary)]
     if summary.get("failed"):
         failed.insert(0, f"components failed: {summary['failed']}")
+    measured, metric, _ = CHECKPOINT_MEASURES.get(recipe, (None, "", None))
     stats = {
         p: {
             f"{m}.{s}": value_of(summary, p, m, s)
             for m in ("reward", "success")
             for s in ("first_tenth", "last_tenth", "best_tenth", "p_value")
         }
-        | (
-            {f"{m}.accuracy": value_of(summary, p, m, "accuracy")}
-            if (measured := CHECKPOINT_MEASURES.get(recipe)) and measured[0] == p and (m := measured[1])
-            else {}
-        )
+        | ({f"{metric}.accuracy": value_of(summary, p, metric, "accuracy")} if p == measured else {})
         for p in policies
     }
     return {
