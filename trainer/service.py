@@ -39,7 +39,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -51,7 +53,7 @@ from astraflow import failpoints, gcpause
 from astraflow.config import Recipe
 from astraflow.config.kafka import KafkaSettings
 from astraflow.deadletters import DeadLetters
-from astraflow.errors import AstraFlowError
+from astraflow.errors import AstraFlowError, ConfigError
 from astraflow.kafka import Publisher, wait_for_topics
 from astraflow.metrics import MetricsReporter
 from astraflow.models import init_checkpoint, load_model, load_tokenizer
@@ -69,6 +71,7 @@ from trainer.rows import collate
 log = logging.getLogger(__name__)
 #: Lags 0..15 get their own histogram bucket; larger ones share `staleness.lag.ge16`.
 STALENESS_BUCKETS = 16
+WARMED = "warmed"  # the warmed-up weights, in the trainer's home: the KL's reference
 
 
 class TrainerError(AstraFlowError):
@@ -133,8 +136,15 @@ class Trainer(Publication):
             latest = self.home / "checkpoints" / f"step-{int(chosen):08d}" if int(chosen) >= 0 else None
         self.tokenizer = load_tokenizer(init_dir)
         self.resumed_from = latest
+        # a warm-up (trainer/warmup.py) runs once, before the first checkpoint; its weights are the
+        # KL's reference, kept in `warmed` for a resumed trainer
+        self.warm_pending = self.cfg.warmup is not None and latest is None
+        if self.cfg.warmup is not None and self.dist.enabled:
+            raise ConfigError("trainer.warmup runs in one process: not under torchrun")
+        warmed = self.home / WARMED
         model = load_model(latest or init_dir, dtype="float32")
-        ref = load_model(init_dir, dtype="float32") if self.cfg.loss.kl_coef > 0 else None
+        ref_dir = warmed if self.cfg.warmup is not None and not self.warm_pending else init_dir
+        ref = load_model(ref_dir, dtype="float32") if self.cfg.loss.kl_coef > 0 else None
         self.engine = TrainEngine(
             model,
             self.cfg,
@@ -227,6 +237,40 @@ class Trainer(Publication):
         self.version = latest + 1
         self.store.publish(self.engine.state_dict(), self.version, step=self.step)
 
+    def _warm_up(self) -> None:
+        """Supervised steps on the environment's demonstrations (`trainer.warmup`), published as the
+        next version at step 0 with a checkpoint, so that a restart does not warm up again."""
+        from trainer.warmup import warm_up
+
+        assert self.cfg.warmup is not None
+        stats = warm_up(
+            self.engine.model,
+            self.tokenizer,
+            self.recipe,
+            self.cfg.warmup,
+            seed=self.recipe.model_for(self.policy).seed,
+        )
+        tmp = Path(tempfile.mkdtemp(prefix=f".{WARMED}.", dir=self.home))
+        self.engine.model.save_pretrained(tmp)
+        self.tokenizer.save_pretrained(tmp)
+        shutil.rmtree(self.home / WARMED, ignore_errors=True)  # a warm-up cut short before its checkpoint
+        tmp.rename(self.home / WARMED)
+        if self.engine.ref_model is not None:
+            self.engine.ref_model.load_state_dict(self.engine.model.state_dict())
+        (self.home / "warmup.json").write_text(json.dumps(stats, indent=1))
+        log.warning(
+            "%s: warmed up in %d supervised steps (%.1f s): loss %.3f -> %.3f, demonstrations' reward %.2f",
+            self.policy,
+            self.cfg.warmup.steps,
+            stats["warmup.seconds"],
+            stats["warmup.loss_first"],
+            stats["warmup.loss_last"],
+            stats["warmup.demo_reward"],
+        )
+        self.warm_pending = False
+        self.engine.serving_published = True
+        self._publish(checkpoint=True)
+
     # ------------------------------------------------------------------ loop
 
     def run(self) -> int:
@@ -235,6 +279,8 @@ class Trainer(Publication):
             signal.signal(sig, self._on_signal)
         if self.dist.leader:
             self._setup_leader()
+            if self.warm_pending and not self.stop_requested:
+                self._warm_up()
         gcpause.settle()
         clean = False
         try:

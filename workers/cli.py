@@ -42,6 +42,10 @@ def check_recipe(recipe: Any) -> None:
         environment_class(name)
     wf_cls = workflow_class(recipe.worker.workflow or env_cls.default_workflow)
     wf_cls(**recipe.worker.workflow_args)
+    if any(recipe.trainer_for(p).warmup is not None for p in recipe.policy_names):
+        from workers.demonstrations import check
+
+        check(recipe)  # an environment with an expert, played as the agent workflow does
     if recipe.feeder.roles:
         unknown = sorted(set(recipe.feeder.roles.values()) - set(recipe.policy_names))
         if unknown:

@@ -106,6 +106,25 @@ class LossConfig(StrictModel):
         return self
 
 
+class WarmupConfig(StrictModel):
+    """A cold start: supervised steps on the environment's scripted demonstrations before RL, as RL
+    on LLMs starts from a fine-tuned model, for a task an untrained policy never succeeds at (a
+    reward that is always 0 gives GRPO no gradient). The demonstrations are episodes the
+    environment's `expert` plays through the environment itself, on tasks of another seed than the
+    feeder's (`trainer/warmup.py`); the loss is the mean negative log-likelihood of the expert's
+    tokens. The warmed weights are published as version 1 at step 0 (version 0 stays the initial
+    weights every component builds alike) and are the reference of `loss.kl_coef`."""
+
+    steps: int = Field(ge=1)
+    """Supervised steps (AdamW, its own optimiser state)."""
+    lr: float = Field(default=1e-3, gt=0)
+    """Learning rate of the supervised steps."""
+    batch_size: int = Field(default=32, ge=1)
+    """Demonstrations per supervised step."""
+    demonstrations: int = Field(default=2048, ge=1)
+    """Distinct demonstrations played (each step draws batch_size of them)."""
+
+
 class TrainerConfig(StrictModel):
     """Optimisation, batching, checkpoints and weight publication of one policy's trainer."""
 
@@ -168,6 +187,8 @@ class TrainerConfig(StrictModel):
     delta is at most a snapshot's size (`astraflow.weights.format`). A version of the arithmetic
     recipe's model cost 13.1 ms of the trainer's CPU to publish and 8.0 ms of a worker's to apply
     with zstd-1 and no tensor in full, 7.9-8.3 and 4.1-4.2 ms uncompressed with them."""
+    warmup: WarmupConfig | None = None
+    """Supervised warm-up before the first RL step (None: RL from the initial weights)."""
     store_dir: str | None = None
     """Weight store root, local or on a shared filesystem (default: <run dir>/weights)."""
     serve_http: bool = False

@@ -69,6 +69,17 @@ def test_an_unknown_name_fails_at_load_time(tmp_path: Path) -> None:
     assert "arithmetik" in str(info.value) and "arithmetic" in str(info.value)  # names the known ones
 
 
+def test_a_warm_up_without_demonstrations_fails_at_load_time(tmp_path: Path) -> None:
+    from astraflow.errors import ConfigError
+
+    old = (REPO / "recipes" / "arithmetic.yaml").read_text()
+    assert "\ntrainer:\n" in old
+    bad = tmp_path / "warm.yaml"
+    bad.write_text(old.replace("\ntrainer:\n", "\ntrainer:\n  warmup: {steps: 10}\n"))
+    with pytest.raises(ConfigError, match="environment 'arithmetic' has no expert"):
+        check_recipe(load_recipe(bad))
+
+
 def test_a_recipe_listing_group_in_its_pipeline_says_where_the_args_go(tmp_path: Path) -> None:
     from astraflow.errors import ConfigError
 

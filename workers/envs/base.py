@@ -105,6 +105,12 @@ class Environment:
         """Score or answer one model turn (its token ids, stop token included)."""
         raise NotImplementedError
 
+    def expert(self, state: Any) -> str:
+        """The next action of a scripted expert in this episode (text, stop character included), for
+        the demonstrations of a supervised warm-up (`trainer.warmup`, workers/demonstrations.py).
+        Optional: an environment without one cannot be warmed up on."""
+        raise NotImplementedError
+
     def turn_params(self, state: Any, codec: Codec) -> dict[str, Any]:
         """Sampling limits of the next model turn: max_tokens and stop_token_ids."""
         return {"max_tokens": 16, "stop_token_ids": (codec.eos,)}

@@ -98,12 +98,21 @@ class SearchEnv(Environment):
                 "a search task needs a prompt, payload.corpus_seed (int) and payload.answer (str)"
             )
         n = int(p.get("n_entities", self.args.n_entities))
+        attribute, _, entity = task.prompt.rstrip("?\n").partition(" of ")
         return {
+            "entity": entity,
+            "attribute": attribute,
             "index": index_for(p["corpus_seed"], n),
             "answer": p["answer"],
             "turns": 0,
             "searches": 0,
         }, task.prompt
+
+    def expert(self, state: Any) -> str:
+        """Search for the entity and the attribute asked, then answer the fact the search found."""
+        if state["searches"] == 0:
+            return f"s {state['entity']} {state['attribute']}\n"
+        return f"a {state['found']}\n"
 
     def turn_params(self, state: Any, codec: Codec) -> dict[str, Any]:
         return {"max_tokens": self.args.max_line_tokens, "stop_token_ids": (codec.eos, *codec.ids("\n"))}
@@ -121,6 +130,9 @@ class SearchEnv(Environment):
             state["searches"] += 1
             index: BM25 = state["index"]
             hits = index.search(line[2:], self.args.top_k)
+            # what the expert answers from: the value of the top document's fact, if it is the one asked
+            top = index.docs[hits[0][0]].split() if hits else []
+            state["found"] = top[2] if top[:2] == [state["entity"], state["attribute"]] else "?"
             return Step(observation="; ".join(index.docs[i] for i, _ in hits) + "\n")
         if last:
             return Step(reward=0.0, done=True, info={"searches": state["searches"]})
