@@ -222,6 +222,11 @@ def summary_text(summary: dict[str, Any]) -> str:
     for policy, p in summary["policies"].items():
         r, s = p["reward"], p["success"]
         lines.append(f"policy {policy}: {p['steps']} steps, weight version {p['version']}")
+        if w := p.get("warmup"):
+            lines.append(
+                f"  warm-up {w['warmup.steps']:.0f} supervised steps on demonstrations, loss "
+                f"{w['warmup.loss_first']:.3f} -> {w['warmup.loss_last']:.3f} ({w['warmup.seconds']:.0f} s)"
+            )
         if "first_tenth" in r:
             lines.append(
                 f"  reward  first tenth {r['first_tenth']:.3f} -> last tenth {r['last_tenth']:.3f} "
@@ -249,6 +254,10 @@ def write_report(
     write_tensorboard(rows, run_dir / "tensorboard")
     write_plots(rows, run_dir / "plots")
     summary = summarize(rows, extra, max_episodes)
+    for policy, p in summary["policies"].items():  # the trainer's supervised warm-up, if it ran one
+        warm = run_dir / "trainer" / policy / "warmup.json"
+        if warm.exists():
+            p["warmup"] = json.loads(warm.read_text())
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     (run_dir / "summary.txt").write_text(summary_text(summary) + "\n")
     return summary

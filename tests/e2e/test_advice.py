@@ -285,11 +285,21 @@ def test_workers_without_max_episodes_use_the_given_limit() -> None:
 def test_the_run_summary_states_the_advice(tmp_path: Path) -> None:
     rows = trainer(0.6) + workers(2, in_flight=32) + feeder(0.7) + streams(20.0) + lag(5, 5)
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    warm = {
+        "warmup.steps": 100.0,
+        "warmup.loss_first": 3.0,
+        "warmup.loss_last": 0.114,
+        "warmup.seconds": 21.4,
+    }
+    (tmp_path / "trainer" / "solver").mkdir(parents=True)
+    (tmp_path / "trainer" / "solver" / "warmup.json").write_text(json.dumps(warm))
     summary = write_report(tmp_path, {"recipe": "synthetic"})
+    assert summary["policies"]["solver"]["warmup"] == warm
     assert summary["scaling"]["regime"] == "rollout-bound" and summary["scaling"]["more_workers"] == 3
     assert summary["scaling"]["window_s"] == 30.0  # the second half of the trainer's steps
     text = (tmp_path / "summary.txt").read_text()
     assert "scaling: rollout-bound: about 3 more workers would keep the trainer busy" in text
+    assert "warm-up 100 supervised steps on demonstrations, loss 3.000 -> 0.114 (21 s)" in text
     assert json.loads((tmp_path / "summary.json").read_text())["scaling"]["regime"] == "rollout-bound"
 
 
