@@ -58,13 +58,17 @@ def test_single_policy_recipe_learns(name: str, tmp_path: Path, kafka_bootstrap:
 def test_search_learns_to_find_facts_after_its_warm_up(tmp_path: Path, kafka_bootstrap: str) -> None:
     # the trainer first imitates the environment's expert on other corpora (trainer.warmup), which
     # leaves the policy finding the fact in ~10% of its sampled episodes; RL must take it further.
-    # Over seeds 0-5 (bench.learning_seeds): 0.06-0.14 -> 0.22-0.44 in the last tenth, p <= 0.011.
+    # Over seeds 0-11 (bench.learning_seeds): 0.06-0.14 -> 0.11-0.44 in the last tenth, p <= 0.027,
+    # the smallest rise +0.047 (seed 9; the next +0.11); a policy that does not learn rises ~0.
     result = run_recipe("search", tmp_path, kafka_bootstrap)
     policy = result["policies"]["agent"]
     assert policy["steps"] >= 200 and policy["warmup"]["warmup.demo_reward"] == 1.0, policy
     reward = policy["reward"]
-    assert reward["p_value"] < 0.05 and reward["improvement"] >= 0.05, reward
-    assert policy["stale_dropped"] <= 0.1 * policy["groups_trained"] * group_size("search"), policy
+    assert reward["p_value"] < 0.05 and reward["improvement"] >= 0.03, reward
+    # tool latency (0.2 s a search) against a trainer that steps every ~0.3 s on a quiet machine: a
+    # run alone dropped 10.9% of its samples as stale (2.2-5.3% beside other runs, where the trainer
+    # is slower); a quarter still catches admission gone wrong (more samples thrown away than kept)
+    assert policy["stale_dropped"] <= 0.25 * policy["groups_trained"] * group_size("search"), policy
 
 
 def final_policies(run_dir: Path, policies: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
