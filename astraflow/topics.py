@@ -45,12 +45,18 @@ WEIGHTS = "weights"
 TASK_STATS = "task-stats"
 METRICS = "metrics"
 DEADLETTER = "deadletter"
-BASE_NAMES = (TASKS, TRAJECTORIES, SAMPLES, WEIGHTS, TASK_STATS, METRICS, DEADLETTER)
+DEMONSTRATIONS = "demonstrations.{policy}"
+BASE_NAMES = (TASKS, TRAJECTORIES, SAMPLES, WEIGHTS, TASK_STATS, METRICS, DEADLETTER, DEMONSTRATIONS)
 
 
 def samples(policy: str) -> str:
     """The base name of a policy's samples topic."""
     return SAMPLES.format(policy=policy)
+
+
+def demonstrations(policy: str) -> str:
+    """The base name of a policy's demonstrations topic (`trainer.warmup`)."""
+    return DEMONSTRATIONS.format(policy=policy)
 
 
 def _stringify_configs(v: Any) -> Any:

@@ -58,6 +58,7 @@ from astraflow.kafka import Publisher, wait_for_topics
 from astraflow.metrics import MetricsReporter
 from astraflow.models import init_checkpoint, load_model, load_tokenizer
 from astraflow.sampling import SamplingSettings
+from astraflow.topics import WEIGHTS, demonstrations, samples
 from astraflow.weights import WeightStore
 from trainer import checkpoint as ckpt
 from trainer import distributed
@@ -168,7 +169,10 @@ class Trainer(Publication):
     def _setup_leader(self) -> None:
         settings = self.settings
         assert settings is not None
-        wait_for_topics(settings, [f"samples.{self.policy}", "weights"], stopped=lambda: self.stop_requested)
+        needed = [samples(self.policy), WEIGHTS] + (
+            [demonstrations(self.policy)] if self.warm_pending else []
+        )
+        wait_for_topics(settings, needed, stopped=lambda: self.stop_requested)
         if self.stop_requested:  # stopped before its topics existed: nothing to connect to or close
             return
         cfg = self.cfg
@@ -240,13 +244,23 @@ class Trainer(Publication):
     def _warm_up(self) -> None:
         """Supervised steps on the environment's demonstrations (`trainer.warmup`), published as the
         next version at step 0 with a checkpoint, so that a restart does not warm up again."""
-        from trainer.warmup import warm_up
+        from trainer.warmup import read_demonstrations, warm_up
 
-        assert self.cfg.warmup is not None
+        assert self.cfg.warmup is not None and self.settings is not None
+        demos = read_demonstrations(
+            self.settings,
+            self.policy,
+            self.recipe.demonstration_source(self.policy),
+            self.cfg.warmup.demonstrations,
+            self.dead,
+            stopped=lambda: self.stop_requested,
+        )
+        if demos is None:  # stopped while waiting for them: the next start warms up
+            return
         stats = warm_up(
             self.engine.model,
             self.tokenizer,
-            self.recipe,
+            demos,
             self.cfg.warmup,
             seed=self.recipe.model_for(self.policy).seed,
         )

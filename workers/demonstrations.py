@@ -1,4 +1,4 @@
-"""Scripted demonstrations for a policy's supervised warm-up (`trainer.warmup`, trainer/warmup.py).
+"""Scripted demonstrations for a policy's supervised warm-up (`trainer.warmup`).
 
 An environment that knows how to solve its own tasks implements `expert(state)`: the text of the
 next action. `demonstrations` plays that expert through the environment, turn by turn, exactly as
@@ -6,18 +6,27 @@ the `agent` workflow plays a policy: `<bos>` and the first observation, then eac
 character included) and the observation that answers it. The loss mask marks the expert's tokens,
 the tokens a policy would generate. The tasks come from the environment's own generator at
 another seed than the feeder's, so the warm-up teaches the skill, not the answers RL is scored on.
+
+The feeder that starts a run plays them and writes them to `demonstrations.<policy>`
+(`publish_demonstrations`); the trainer reads them from there (trainer/warmup.py), as it reads its
+samples: no component imports another's code.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
 
 from astraflow.config import Recipe
 from astraflow.errors import ConfigError
-from astraflow.records import Task
+from astraflow.kafka import Publisher
+from astraflow.records import Demonstration, Task
+from astraflow.topics import demonstrations as demonstrations_topic
 from workers.envs.base import Codec, Environment
 from workers.feeder import generated_tasks
 from workers.registry import environment_class, workflow_class
@@ -26,12 +35,7 @@ from workers.registry import environment_class, workflow_class
 SEED_OFFSET = 1_000_003
 MAX_TURNS = 64  # an expert that never ends its episode is a bug, not a long demonstration
 
-
-@dataclass
-class Demonstration:
-    tokens: list[int]
-    mask: list[int]  # 1 on the expert's tokens (the loss), 0 on <bos>, prompt and observations
-    reward: float
+log = logging.getLogger(__name__)
 
 
 def check(recipe: Recipe) -> Environment:
@@ -58,9 +62,18 @@ def demonstration_tasks(recipe: Recipe) -> Iterator[Task]:
     return generated_tasks(recipe.model_copy(update={"feeder": feeder}))
 
 
-def demonstrations(recipe: Recipe, codec: Codec, count: int, max_len: int) -> list[Demonstration]:
-    """`count` expert episodes of the recipe's environment, each at most `max_len` tokens."""
+def demonstrations(
+    recipe: Recipe, policy: str, codec: Codec, count: int | None = None
+) -> list[Demonstration]:
+    """`count` (default: `trainer.warmup.demonstrations` of `policy`) expert episodes of the
+    recipe's environment, as the records the trainer reads."""
     env = check(recipe)
+    warmup = recipe.trainer_for(policy).warmup
+    if count is None:
+        if warmup is None:
+            raise ConfigError(f"policy {policy!r} has no trainer.warmup to play demonstrations for")
+        count = warmup.demonstrations
+    source = recipe.demonstration_source(policy)
     seed = recipe.feeder.seed + SEED_OFFSET
     tasks = demonstration_tasks(recipe)
 
@@ -75,12 +88,15 @@ def demonstrations(recipe: Recipe, codec: Codec, count: int, max_len: int) -> li
             mask += [1] * len(action)
             step = await env.step(state, action, codec)
             if step.done:
-                if len(tokens) > max_len:
-                    raise ConfigError(
-                        f"a demonstration of {env.name!r} ({task.task_id}) has {len(tokens)} tokens, "
-                        f"more than the model's {max_len} positions"
-                    )
-                return Demonstration(tokens, mask, step.reward)
+                return Demonstration(
+                    policy=policy,
+                    source=source,
+                    index=index,
+                    count=count,
+                    tokens=np.asarray(tokens, np.int32),
+                    loss_mask=np.asarray(mask, np.uint8),
+                    reward=float(step.reward),
+                )
             ids = codec.ids(step.observation or "")
             tokens += ids
             mask += [0] * len(ids)
@@ -94,3 +110,24 @@ def demonstrations(recipe: Recipe, codec: Codec, count: int, max_len: int) -> li
             await env.close()
 
     return asyncio.run(play_all())
+
+
+def publish_demonstrations(recipe: Recipe, run_dir: Path, publisher: Publisher) -> int:
+    """Write the demonstrations of every policy with a warm-up to its `demonstrations.<policy>`,
+    keyed by set and index (the topic is compacted: writing them again replaces them); returns how
+    many. The codec is the policy's own tokenizer, from the init checkpoint every component builds."""
+    from astraflow.models import init_checkpoint
+    from workers.envs.base import load_tokenizer
+
+    written = 0
+    for policy in recipe.policy_names:
+        if recipe.trainer_for(policy).warmup is None:
+            continue
+        path = init_checkpoint(recipe.model_for(policy), run_dir / "init" / policy)
+        demos = demonstrations(recipe, policy, Codec(load_tokenizer(path)))
+        for d in demos:
+            publisher.send(demonstrations_topic(policy), d, key=f"{d.source}:{d.index}")
+        publisher.flush(60)
+        written += len(demos)
+        log.info("%d demonstrations for %s's warm-up written (set %s)", len(demos), policy, demos[0].source)
+    return written

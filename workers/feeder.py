@@ -314,6 +314,11 @@ class Feeder:
         metrics = MetricsReporter(self.publisher, "feeder", worker_id, self.settings.region, every_s=5.0)
         readers = self._open_readers()
         position, saved_ends = self._load_position()
+        if position == 0 and any(self.recipe.trainer_for(p).warmup for p in self.recipe.policy_names):
+            # a feeder that starts the run; one that resumes wrote them before its first task
+            from workers.demonstrations import publish_demonstrations
+
+            publish_demonstrations(self.recipe, self.run_dir, self.publisher)
         source = itertools.islice(self._source(), position, None)
         try:
             self._resume(saved_ends)

@@ -3,8 +3,9 @@
 `plan` is a pure function of the run's namespace, policies and group names, read off each
 component's code (keep it in step when a component starts reading or writing another topic):
 
-- trainer: reads `samples.<p>` (group `trainer.<p>`) and `weights` (lock-step readers, random
-  groups `trainer.<p>.lockstep.*`); writes `weights`, `metrics`, `deadletter`.
+- trainer: reads `samples.<p>` (group `trainer.<p>`), `weights` (lock-step readers, random
+  groups `trainer.<p>.lockstep.*`) and `demonstrations.<p>` (its warm-up, random groups
+  `trainer.<p>.demonstrations.*`); writes `weights`, `metrics`, `deadletter`.
 - streams (Faust): reads `trajectories` (group = its app id); writes `samples.<p>`, `task-stats`,
   `metrics`, `deadletter`, and reads `samples.<p>` back after a crash (groups `streams-readback-*`);
   owns its internal topics (`<app id>-*`: task updates, table changelogs, the assignor's leader
@@ -14,7 +15,8 @@ component's code (keep it in step when a component starts reading or writing ano
 - feeder: writes `tasks` and reads it back when it resumes (the tasks published after its last
   saved position), reads `weights` and `task-stats` (all through groups `feeder-reader-*`) and the
   committed offsets of the worker group (DESCRIBE: it routes tasks to
-  the partitions with the least work outstanding); writes `metrics`, `deadletter`.
+  the partitions with the least work outstanding); writes `demonstrations.<p>`, `metrics`,
+  `deadletter`.
 - admin (`astraflow run`, the operator) and the broker are super users: they create topics and
   ACLs and read every group's lag.
 
@@ -72,8 +74,10 @@ def plan(
         topic("trainer", s, READ)
     topic("trainer", "weights", READ, WRITE)
     for p in policies:
+        topic("trainer", f"demonstrations.{p}", READ)
         group("trainer", g(f"trainer.{p}"))
         group("trainer", g(f"trainer.{p}.lockstep."), PREFIXED)
+        group("trainer", g(f"trainer.{p}.demonstrations."), PREFIXED)
     # streams
     topic("streams", "trajectories", READ)
     for s in samples:
@@ -93,6 +97,8 @@ def plan(
     topic("feeder", "tasks", WRITE, READ)  # READ: a restarted feeder finds what it published unsaved
     topic("feeder", "weights", READ)
     topic("feeder", "task-stats", READ)
+    for p in policies:
+        topic("feeder", f"demonstrations.{p}", WRITE)
     group("feeder", g("feeder-reader-"), PREFIXED)
     out.append(Grant("feeder", "GROUP", g(worker_group), LITERAL, DESCRIBE))  # committed offsets only
     return sorted(set(out))

@@ -7,6 +7,8 @@ Each component reads its own section plus the shared ones (`policies`, `kafka`, 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -162,6 +164,22 @@ class Recipe(StrictModel):
             return TrainerConfig.model_validate({**self.trainer.model_dump(), **spec.trainer, "loss": loss})
         except ValidationError as exc:
             raise ValueError(format_validation_error(exc, f"policies.{policy}.trainer")) from None
+
+    def demonstration_source(self, policy: str) -> str:
+        """Names the set of demonstrations of `policy`'s warm-up (`trainer.warmup`): a digest of all
+        they are played from (the feeder's environment, its arguments and seed, the workflow, the
+        policy's model and tokenizer, how many), computed alike by the feeder that writes them and
+        the trainer that reads them, so that a trainer never learns another recipe's."""
+        warmup = self.trainer_for(policy).warmup
+        what = {
+            "env": self.feeder.env,
+            "env_args": self.feeder.env_args,
+            "seed": self.feeder.seed,
+            "workflow": self.worker.workflow,
+            "model": self.model_for(policy).model_dump(mode="json"),
+            "count": warmup.demonstrations if warmup else 0,
+        }
+        return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def model_for(self, policy: str) -> ModelSpec:
         for p in self.policies:

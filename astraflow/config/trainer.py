@@ -111,7 +111,8 @@ class WarmupConfig(StrictModel):
     on LLMs starts from a fine-tuned model, for a task an untrained policy never succeeds at (a
     reward that is always 0 gives GRPO no gradient). The demonstrations are episodes the
     environment's `expert` plays through the environment itself, on tasks of another seed than the
-    feeder's (`trainer/warmup.py`); the loss is the mean negative log-likelihood of the expert's
+    feeder's: the feeder that starts a run writes them to `demonstrations.<policy>`, the trainer
+    reads them (`trainer/warmup.py`); the loss is the mean negative log-likelihood of the expert's
     tokens. The warmed weights are published as version 1 at step 0 (version 0 stays the initial
     weights every component builds alike) and are the reference of `loss.kl_coef`."""
 

@@ -322,6 +322,33 @@ class DeadLetter(Record):
     time: float = wire(Float(min=0), default_factory=_now)
 
 
+@dataclass(eq=False)
+class Demonstration(Record):
+    """One scripted expert episode for a policy's supervised warm-up (`trainer.warmup`): the feeder
+    plays the environment's expert and writes `count` of them to `demonstrations.<policy>`; the
+    trainer reads them back before its first RL step. `source` names what the set was played from
+    (`Recipe.demonstration_source`), so a trainer never learns another recipe's demonstrations."""
+
+    TYPE: ClassVar[str] = "Demonstration"
+
+    policy: str = wire(NAME)
+    source: str = wire(Str())
+    index: int = wire(Int(min=0))
+    count: int = wire(Int(min=1))
+    tokens: np.ndarray = wire(Array("int32", min=0), default_factory=_empty_i32)
+    loss_mask: np.ndarray = wire(Array("uint8", min=0, max=1), default_factory=lambda: np.zeros(0, np.uint8))
+    """1 on the expert's tokens (what the warm-up learns), 0 on <bos>, prompt and observations."""
+    reward: float = wire(Float(), default=0.0)
+    """The environment's reward for the expert's episode."""
+
+    def _check(self, known_policies: frozenset[str] | None) -> None:
+        _check_policy("policy", self.policy, known_policies)
+        if self.index >= self.count:
+            raise RecordError("index", f"{self.index} is not below count {self.count}")
+        if len(self.loss_mask) != len(self.tokens):
+            raise RecordError("loss_mask", f"has {len(self.loss_mask)} entries for {len(self.tokens)} tokens")
+
+
 RECORD_TYPES: dict[str, type[Record]] = {
     cls.TYPE: cls
     for cls in (
@@ -334,5 +361,6 @@ RECORD_TYPES: dict[str, type[Record]] = {
         TaskStats,
         Metric,
         DeadLetter,
+        Demonstration,
     )
 }

@@ -169,6 +169,21 @@ def dead_letters(draw: st.DrawFn) -> records.DeadLetter:
 
 
 @st.composite
+def demonstrations(draw: st.DrawFn) -> records.Demonstration:
+    n = draw(st.integers(0, 30))
+    count = draw(st.integers(1, 5000))
+    return records.Demonstration(
+        policy=draw(names),
+        source=draw(ids),
+        index=draw(st.integers(0, count - 1)),
+        count=count,
+        tokens=np.asarray(draw(st.lists(st.integers(0, 2**31 - 1), min_size=n, max_size=n)), np.int32),
+        loss_mask=np.asarray(draw(st.lists(st.integers(0, 1), min_size=n, max_size=n)), np.uint8),
+        reward=draw(finite),
+    )
+
+
+@st.composite
 def trajectory_batches(draw: st.DrawFn) -> records.TrajectoryBatch:
     items = draw(
         st.lists(trajectories().map(encode) | st.binary(min_size=0, max_size=50), min_size=1, max_size=4)
@@ -192,6 +207,7 @@ ALL = {
     "TaskStats": task_stats(),
     "Metric": metrics(),
     "DeadLetter": dead_letters(),
+    "Demonstration": demonstrations(),
 }
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from astraflow.records import (
     RECORD_TYPES,
     SCHEMA_VERSION,
+    Demonstration,
     Record,
     RecordError,
     Sample,
@@ -91,6 +92,26 @@ def test_known_policies_are_enforced() -> None:
     task = Task(task_id="t", env="arithmetic", roles={"agent": "ghost"})
     with pytest.raises(RecordError, match="unknown policy 'ghost'"):
         encode(task, known_policies=frozenset({"solver"}))
+
+
+def test_a_demonstration_is_one_of_its_set_with_a_mask_per_token() -> None:
+    def demo(**over: object) -> Demonstration:
+        base: dict = dict(
+            policy="p",
+            source="s",
+            index=0,
+            count=2,
+            tokens=np.arange(3, dtype=np.int32),
+            loss_mask=np.array([0, 1, 1], np.uint8),
+        )
+        return Demonstration(**{**base, **over})
+
+    assert decode(encode(demo()), Demonstration).loss_mask.tolist() == [0, 1, 1]
+    with pytest.raises(RecordError, match="2 is not below count 2") as info:
+        demo(index=2)
+    assert info.value.field == "index"
+    with pytest.raises(RecordError, match="2 entries for 3 tokens"):
+        demo(loss_mask=np.array([0, 1], np.uint8))
 
 
 def test_encode_checks_a_record_again_once_a_field_is_assigned() -> None:

@@ -143,13 +143,23 @@ def test_the_acl_plan_is_least_privilege() -> None:
     assert {x[0] for x in by if x[2] == "ns.weights" and x[3] == "WRITE"} == {"trainer"}
     assert {x[0] for x in by if x[2] == "ns.tasks" and x[3] == "WRITE"} == {"feeder"}
     assert ("feeder", "TOPIC", "ns.tasks", "READ") in by  # a restarted feeder reads back what it published
+    # the feeder writes the warm-up's demonstrations, the trainer only reads them
+    for p in ("a", "b"):
+        assert {(x[0], x[3]) for x in by if x[2] == f"ns.demonstrations.{p}"} == {
+            ("feeder", "WRITE"),
+            ("feeder", "DESCRIBE"),
+            ("trainer", "READ"),
+            ("trainer", "DESCRIBE"),
+        }
     # prefixed grants only where names carry a random suffix or belong to Faust
     prefixed = sorted((g.principal, g.name) for g in grants if g.pattern == "PREFIXED")
     assert prefixed == [
         ("feeder", "ns.feeder-reader-"),
         ("streams", "ns.streams-"),
         ("streams", "ns.streams-readback-"),
+        ("trainer", "ns.trainer.a.demonstrations."),
         ("trainer", "ns.trainer.a.lockstep."),
+        ("trainer", "ns.trainer.b.demonstrations."),
         ("trainer", "ns.trainer.b.lockstep."),
         ("worker", "ns.weights-reader-"),
     ]

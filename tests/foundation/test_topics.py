@@ -22,6 +22,7 @@ DESIGN_TOPICS = {
     "task-stats",
     "metrics",
     "deadletter",
+    "demonstrations.{policy}",
 }
 
 
@@ -29,7 +30,8 @@ def test_spec_has_every_topic_of_the_design() -> None:
     spec = topics.load_spec()
     assert set(spec.topics) == DESIGN_TOPICS == set(topics.BASE_NAMES)  # the code's names are the file's
     assert topics.samples("solver") == "samples.solver"
-    for compacted in ("weights", "task-stats"):
+    assert topics.demonstrations("solver") == "demonstrations.solver"
+    for compacted in ("weights", "task-stats", "demonstrations.{policy}"):
         assert spec.topics[compacted].cleanup == "compact"
     specs = topics.expand(spec, ["solver", "verifier"])
     names = {s.name for s in specs}

@@ -1,5 +1,6 @@
-"""Scripted demonstrations (workers/demonstrations.py) and the supervised warm-up on them
-(trainer/warmup.py): what the expert plays, what the loss sees, what is refused."""
+"""Scripted demonstrations (workers/demonstrations.py, the feeder's) and the supervised warm-up on
+them (trainer/warmup.py, the trainer's): what the expert plays, what the loss sees, what is refused.
+tests/trainer/test_trainer_warmup.py has them travel through the broker."""
 
 from __future__ import annotations
 
@@ -43,11 +44,14 @@ def codec() -> Codec:
 
 def test_the_expert_searches_then_answers_what_it_found_and_only_its_tokens_are_learned(codec: Codec) -> None:
     recipe = search_recipe()
-    demos = demonstrations(recipe, codec, 24, max_len=256)
+    demos = demonstrations(recipe, "agent", codec, 24)
     assert len(demos) == 24 and all(d.reward == 1.0 for d in demos)  # the expert solves every task
+    assert [(d.index, d.count, d.source) for d in demos] == [
+        (i, 24, recipe.demonstration_source("agent")) for i in range(24)
+    ]
     for d in demos:
-        text = codec.tokenizer.decode(d.tokens)
-        learned = codec.tokenizer.decode([t for t, m in zip(d.tokens, d.mask, strict=True) if m])
+        text = codec.tokenizer.decode(d.tokens.tolist())
+        learned = codec.tokenizer.decode(d.tokens[d.loss_mask.astype(bool)].tolist())
         prompt, search, results, answer = text.removeprefix("<bos>").split("\n")[:4]
         attribute, _, entity = prompt.rstrip("?").partition(" of ")
         assert search == f"s {entity} {attribute}"
@@ -67,14 +71,25 @@ def test_recipes_that_cannot_be_demonstrated_are_refused_with_the_reason(codec: 
         update={"feeder": search_recipe().feeder.model_copy(update={"env": "arithmetic", "env_args": {}})}
     )
     with pytest.raises(ConfigError, match="environment 'arithmetic' has no expert"):
-        demonstrations(no_expert, codec, 4, 256)
+        demonstrations(no_expert, "agent", codec, 4)
     other_workflow = search_recipe().model_copy(
         update={"worker": search_recipe().worker.model_copy(update={"workflow": "solve_and_verify"})}
     )
     with pytest.raises(ConfigError, match="workflow 'solve_and_verify'"):
-        demonstrations(other_workflow, codec, 4, 256)
-    with pytest.raises(ConfigError, match="more than the model's 20 positions"):
-        demonstrations(search_recipe(), codec, 4, 20)
+        demonstrations(other_workflow, "agent", codec, 4)
+    recipe = search_recipe()
+    assert recipe.trainer.warmup is not None
+    short = build_model(TINY, codec.tokenizer)
+    short.config.max_position_embeddings = 20
+    with pytest.raises(
+        ConfigError, match="demonstration 0 of agent's warm-up has .* than the model's 20 positions"
+    ):
+        warm_up(
+            short, codec.tokenizer, demonstrations(recipe, "agent", codec, 4), recipe.trainer.warmup, seed=0
+        )
+    # the set's name changes with anything the demonstrations are played from
+    changed = recipe.model_copy(update={"feeder": recipe.feeder.model_copy(update={"seed": 1})})
+    assert changed.demonstration_source("agent") != recipe.demonstration_source("agent")
 
 
 def test_the_warm_up_learns_the_experts_lines_and_repeats_itself_exactly(codec: Codec) -> None:
@@ -84,7 +99,8 @@ def test_the_warm_up_learns_the_experts_lines_and_repeats_itself_exactly(codec: 
     for _ in range(2):
         torch.manual_seed(0)
         model = build_model(TINY, codec.tokenizer)
-        stats = warm_up(model, codec.tokenizer, recipe, recipe.trainer.warmup, seed=3)
+        demos = demonstrations(recipe, "agent", codec)
+        stats = warm_up(model, codec.tokenizer, demos, recipe.trainer.warmup, seed=3)
         models.append(model)
     assert stats["warmup.demo_reward"] == 1.0 and stats["warmup.steps"] == 30
     # from a uniform guess over the vocabulary (~4.6 nats) to the expert's lines, which repeat the

@@ -17,7 +17,7 @@ from astraflow import gcpause
 from astraflow.config import KafkaSettings
 from astraflow.errors import ConfigError
 from astraflow.kafka import Publisher
-from astraflow.records import DeadLetter, Task, TaskStats, WeightVersion
+from astraflow.records import DeadLetter, Demonstration, Task, TaskStats, WeightVersion
 from workers.feeder import Feeder, default_roles, generated_tasks, jsonl_tasks
 
 from .conftest import make_recipe
@@ -227,3 +227,32 @@ def test_jsonl_bad_lines_go_to_deadletter(kafka: KafkaSettings, topics: Any, tmp
     dead = [d for d in read_topic(kafka, "deadletter") if isinstance(d, DeadLetter)]
     assert sorted(d.offset for d in dead) == [2, 3]
     assert any("ghost" in d.error for d in dead) and all(str(path) in d.error for d in dead)
+
+
+@pytest.mark.broker
+def test_a_feeder_that_starts_a_run_writes_the_warm_ups_demonstrations_once(
+    kafka: KafkaSettings, topics: Any, tmp_path: Path
+) -> None:
+    topics(["policy"])
+    recipe = make_recipe(
+        kafka=kafka.model_dump(),
+        feeder={
+            "env": "search",
+            "env_args": {"n_entities": 4, "tool_latency_s": 0.0},
+            "admission": False,
+            "max_tasks": 3,
+        },
+        trainer={"warmup": {"steps": 1, "demonstrations": 6}},
+    )
+    assert Feeder(recipe, tmp_path / "run", kafka).run() == 3
+    demos = read_topic(kafka, "demonstrations.policy", Demonstration)
+    source = recipe.demonstration_source("policy")
+    assert sorted((d.policy, d.source, d.index, d.count) for d in demos) == [
+        ("policy", source, i, 6) for i in range(6)
+    ]
+    assert all(d.reward == 1.0 and d.loss_mask.any() for d in demos)
+    # a feeder that resumes the run finds them written: nothing more (tasks go on from where it was)
+    more = recipe.model_copy(update={"feeder": recipe.feeder.model_copy(update={"max_tasks": 2})})
+    assert Feeder(more, tmp_path / "run", kafka).run() == 2
+    assert len(read_topic(kafka, "demonstrations.policy")) == 6
+    assert len(read_topic(kafka, "tasks")) == 5
