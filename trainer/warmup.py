@@ -53,10 +53,11 @@ def read_demonstrations(
             if stopped():
                 return None
             for msg in reader.poll_batch(0.5):
+                # a record of another policy is dead-lettered by the decoder
                 demo = decode_or_deadletter(msg, Demonstration, dead, frozenset({policy}))
                 if demo is None:
                     continue
-                if demo.source != source or demo.policy != policy:
+                if demo.source != source:
                     others += 1
                     continue
                 found.setdefault(demo.index, demo)
