@@ -48,6 +48,7 @@ from astraflow.errors import AstraFlowError
 from astraflow.sampling import SamplingSettings
 from trainer import sharding
 from trainer.losses import LossSettings, log_ratio, m2po_cut, policy_loss, token_logprobs
+from trainer.prefix import MASKABLE, Packing, packed_logits, plan_packing
 from trainer.rows import Rows, _logits, micro_batches
 
 if TYPE_CHECKING:
@@ -66,6 +67,8 @@ STAT_KEYS = (
     "kl_ref",
     "entropy",
     "outside",
+    "positions",
+    "positions.run",
 )
 
 
@@ -147,6 +150,12 @@ class TrainEngine:
                 self.model, device_ids=[device.index] if device.type == "cuda" else None
             )
         self.optimizer = make_optimizer(list(self.model.parameters()), cfg, sharded=self.sharded)
+        config = getattr(self.model, "config", None)
+        attention = getattr(config, "_attn_implementation", None)
+        #: pack rows that share a prefix into one (trainer/prefix.py), where the attention takes a 4-D mask
+        self.shared_prefix = cfg.shared_prefix and attention in MASKABLE
+        self._additive_mask = attention == "eager"
+        self._hidden_size = int(getattr(config, "hidden_size", 1024))
         self.settings = loss_settings(cfg)
         #: the workers run weights published in cfg.weights_dtype (True from version 1 on; the service
         #: sets it on every rank at the same step)
@@ -178,6 +187,18 @@ class TrainEngine:
         if self.cfg.autocast == "bfloat16":
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
+
+    def _packing(self, rows: Rows) -> Packing | None:
+        if not self.shared_prefix:
+            return None
+        return plan_packing(rows.tokens, rows.lengths, rows.mask, self.pad_id, self._hidden_size)
+
+    def _forward(self, model: torch.nn.Module, rows: Rows, packing: Packing | None) -> torch.Tensor:
+        """Logits [N, L, V] of `rows`: one forward over the rows, or over their packing."""
+        with self._autocast():
+            if packing is None:
+                return _logits(model, rows.tokens.to(self.device))
+            return packed_logits(model, packing, self.device, self._additive_mask)
 
     @contextlib.contextmanager
     def _published_weights(self) -> Iterator[None]:
@@ -219,11 +240,12 @@ class TrainEngine:
             torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
             parts += [Rows.filler(self.pad_id) for _ in range(int(count) - len(parts))]
         keeps: list[torch.Tensor | None] = [None] * len(parts)
+        packings = [self._packing(mb) for mb in parts]
         m2po: dict[str, float] = {}
         sums = dict.fromkeys(STAT_KEYS, 0.0)
         with self._published_weights():
             if settings.policy_loss == "m2po":  # cut on the weights the gradient passes score with
-                masks, m2po = self.m2po_masks(parts, settings)
+                masks, m2po = self.m2po_masks(parts, settings, packings)
                 keeps = list(masks)
             for i, mb in enumerate(parts):
                 sync = i == len(parts) - 1
@@ -233,7 +255,8 @@ class TrainEngine:
                 elif self.distributed and not sync:  # accumulate locally; all-reduce on the last micro-batch
                     no_sync = cast(DistributedDataParallel, self.wrapped).no_sync()
                 with no_sync:
-                    for k, v in self._micro_step(mb, settings, num_tokens, num_seqs, keeps[i]).items():
+                    part = self._micro_step(mb, packings[i], settings, num_tokens, num_seqs, keeps[i])
+                    for k, v in part.items():
                         sums[k] += v
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = sharding.full_tensor(
@@ -262,6 +285,8 @@ class TrainEngine:
             "loss_tokens": total["tokens"],
             "step_s": elapsed,
             "outside_support": total["outside"] / max(total["tokens"] + total["outside"], 1.0),
+            # the share of the rows' padded positions the forward did not run (trainer/prefix.py)
+            "positions_saved": 1.0 - total["positions.run"] / max(total["positions"], 1.0),
         }
         target = self.cfg.loss.entropy_target
         if target is not None and total["tokens"] > 0:  # every rank holds the same batch-wide entropy
@@ -276,17 +301,16 @@ class TrainEngine:
         return out | m2po
 
     def m2po_masks(
-        self, parts: list[Rows], settings: LossSettings
+        self, parts: list[Rows], settings: LossSettings, packings: list[Packing | None] | None = None
     ) -> tuple[list[torch.Tensor], dict[str, float]]:
         """M2PO's keep-mask of each micro-batch, cut on the squared log-ratios of the whole batch
         (every micro-batch of every rank), and its batch-wide metrics: `m2po.m2` (the second moment
         before masking), `m2po.m2_kept` (after) and `m2po.masked_fraction`."""
         squares, local = [], []
         with torch.no_grad():
-            for mb in parts:
+            for mb, packing in zip(parts, packings or [self._packing(mb) for mb in parts], strict=True):
                 tokens = mb.tokens.to(self.device)
-                with self._autocast():
-                    logits = _logits(self.model, tokens)
+                logits = self._forward(self.model, mb, packing)
                 logp = token_logprobs(logits, tokens, self.sampling, with_entropy=False)[0]
                 sq = log_ratio(logp, mb.behaviour.to(self.device), settings.log_ratio_clamp) ** 2
                 squares.append(sq)
@@ -320,14 +344,14 @@ class TrainEngine:
     def _micro_step(
         self,
         mb: Rows,
+        packing: Packing | None,
         settings: LossSettings,
         num_tokens: float,
         num_seqs: float,
         m2po_keep: torch.Tensor | None = None,
     ) -> dict[str, float]:
         tokens = mb.tokens.to(self.device)
-        with self._autocast():
-            logits = _logits(self.wrapped, tokens)
+        logits = self._forward(self.wrapped, mb, packing)
         logp, entropy = token_logprobs(logits, tokens, self.sampling, entropy_grad=settings.entropy_coef > 0)
         mask = mb.mask.to(self.device)
         # a token outside the current policy's top-p/top-k set has log-prob -inf and no gradient:
@@ -339,8 +363,8 @@ class TrainEngine:
             logp = logp.masked_fill(dropped, 0.0)
         ref_logp = None
         if self.ref_model is not None:
-            with torch.no_grad(), self._autocast():
-                ref_logits = _logits(self.ref_model, tokens)
+            with torch.no_grad():
+                ref_logits = self._forward(self.ref_model, mb, packing)
             ref_logp = token_logprobs(ref_logits, tokens, self.sampling, with_entropy=False)[0]
         loss, stats = policy_loss(
             logp,
@@ -356,6 +380,8 @@ class TrainEngine:
         )
         (loss * self.world).backward()
         stats["outside"] = float(outside.sum())
+        stats["positions"] = float(tokens.numel())
+        stats["positions.run"] = float(packing.positions_run if packing else tokens.numel())
         return {k: v for k, v in stats.items() if k in STAT_KEYS}
 
     @torch.no_grad()
@@ -364,8 +390,8 @@ class TrainEngine:
         computes them (same forward, same sampling distribution); -inf outside top-p/top-k."""
         tokens = rows.tokens.to(self.device)
         self.model.eval()
-        with self._published_weights(), self._autocast():
-            logits = _logits(self.model, tokens)
+        with self._published_weights():
+            logits = self._forward(self.model, rows, self._packing(rows))
         return token_logprobs(logits, tokens, self.sampling, with_entropy=False)[0]
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -160,6 +160,10 @@ class TrainerConfig(StrictModel):
     dropped 8-10% of arithmetic's samples as stale, EDF 1.4-1.8%). See trainer/batching.py."""
     micro_batch_tokens: int = Field(default=8192, ge=16)
     """Padded tokens per forward/backward pass; larger batches accumulate gradients."""
+    shared_prefix: bool = True
+    """Run the prompt a group's rows share once per micro-batch instead of once per row, where that
+    saves positions (trainer/prefix.py; sdpa and eager attention): the same logits up to float
+    rounding. The arithmetic recipe's forward and backward ran 232 positions a step instead of 512."""
     publish_every: int = Field(default=1, ge=1)
     """Publish weights (a new version) every this many steps."""
     checkpoint_every: int | None = Field(default=None, ge=1)

@@ -234,3 +234,56 @@ def test_a_seeded_request_draws_the_same_tokens_in_any_batch(tiny_checkpoint: Pa
     batched, all_rows = asyncio.run(in_a_batch())
     assert first == second == batched and len(first) == 12
     assert len({tuple(t) for t in all_rows}) > 1  # the unseeded rows drew their own tokens
+
+
+def test_requests_with_one_prompt_share_its_prefill(tiny_checkpoint: Path) -> None:
+    """A group's episodes send one prompt: it is prefilled once for all of them, each row still
+    draws its own tokens, seeded rows the tokens they draw alone, and every log-prob is exact."""
+    group, other = [1, 5, 6, 7, 8], [1, 9, 10]
+    seeded = SamplingParams(temperature=1.0, max_tokens=10, seed=7)
+
+    async def alone() -> list[int]:
+        engine = TorchEngine("p", str(tiny_checkpoint), seed=0)
+        r = await engine.generate(group, seeded)
+        await engine.close()
+        return r.tokens
+
+    async def together() -> list[list[int]]:
+        engine = TorchEngine("p", str(tiny_checkpoint), seed=2, max_batch=64)
+        params = SamplingParams(temperature=1.0, max_tokens=10)
+        asks = [engine.generate(group, params) for _ in range(6)] + [engine.generate(other, params)]
+        results = await asyncio.gather(*asks, engine.generate(group, seeded))
+        assert engine.prefilled < 8  # at least two rows shared a prefill
+        for prompt, r in zip([group] * 6 + [other, group], results, strict=True):
+            ref = teacher_forced(engine, prompt, r.tokens, 1.0, 1.0)
+            assert (ref - torch.tensor(r.logprobs)).abs().max().item() <= 1e-4
+        await engine.close()
+        return [r.tokens for r in results]
+
+    drawn = asyncio.run(together())
+    assert len({tuple(t) for t in drawn[:6]}) > 1  # the copies sample on their own
+    assert drawn[-1] == asyncio.run(alone())
+
+
+def test_a_prefill_runs_each_distinct_prompt_once(tiny_checkpoint: Path) -> None:
+    group, other = [1, 5, 6, 7, 8], [1, 9, 10]
+    engine = TorchEngine("p", str(tiny_checkpoint), seed=0)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        params = SamplingParams(temperature=1.0, max_tokens=4)
+        prompts = [group, other, group, group, other]
+        batch = [Request(p, params, loop, loop.create_future()) for p in prompts]
+        with torch.inference_mode():
+            rows = engine._prefill(batch)  # the engine thread is idle: nothing is pending
+        assert rows is not None and engine.prefilled == 2 and engine.forwards == 1
+        assert rows.cache.layers[0].keys.shape[0] == len(prompts) == rows.logits.shape[0]
+        for i, prompt in enumerate(prompts):
+            with torch.no_grad():
+                ref = engine.model(torch.tensor([prompt])).logits[0, -1]
+            torch.testing.assert_close(rows.logits[i], ref, rtol=1e-5, atol=1e-5)
+            first = prompts.index(prompt)
+            assert torch.equal(rows.cache.layers[0].keys[i], rows.cache.layers[0].keys[first])
+        await engine.close()
+
+    asyncio.run(main())
