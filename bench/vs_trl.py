@@ -21,7 +21,11 @@ TRL is the optional `bench` extra and never in the default install. Its dependen
 the lock (see bench/RESULTS.md), so it lives in its own venv that also sees ours; the TRL half runs
 there as a subprocess (`--trl-python`, by default /root/.cache/astraflow/venv-trl/bin/python):
 
-    python -m bench.vs_trl [--steps 1000] [--lr 1e-4] [--trl-python PATH]
+    python -m bench.vs_trl [--steps 1000] [--lr 1e-4] [--seed 0] [--seeds 1] [--trl-python PATH]
+
+Both systems' rewards depend on their seed (TRL's last tenth over seeds 0-4 ranged 0.29-0.49), so
+`--seeds N` runs N pairs one after the other and ends with a summary over them: the speed ratio of
+the summed times, and the last tenth's reward by seed and on average for each system.
 """
 
 from __future__ import annotations
@@ -118,11 +122,12 @@ def timed_run(what: str, argv: list[str], log: Path, env: dict[str, str] | None 
     return total
 
 
-def run_astraflow(init: Path, steps: int, lr: float, work: Path) -> dict[str, Any]:
-    from bench.learning_seeds import run_command
+def run_astraflow(init: Path, steps: int, lr: float, work: Path, seed: int = 0) -> dict[str, Any]:
+    from bench.learning_seeds import run_command, seeded
 
     recipe_file = work / "arithmetic-vs-trl.yaml"
-    recipe_file.write_text(yaml.safe_dump(bench_recipe(yaml.safe_load(RECIPE.read_text()), init, steps, lr)))
+    data = seeded(bench_recipe(yaml.safe_load(RECIPE.read_text()), init, steps, lr), seed)
+    recipe_file.write_text(yaml.safe_dump(data))
     run_dir = work / "astraflow"
     total = timed_run("astraflow run", run_command(recipe_file, run_dir, steps), work / "astraflow.log")
     return {
@@ -312,6 +317,37 @@ def table(results: dict[str, dict[str, Any]], machine: str, lr: float = LR) -> s
     return "\n".join(lines)
 
 
+def over_seeds(per_seed: dict[int, dict[str, dict[str, Any]]]) -> str:
+    """Both systems over all seeds: summed times (so the speed ratio weighs every pair alike) and
+    the last tenth's reward per seed, with its mean, against each other."""
+    sums = {name: [summary(r[name]) for r in per_seed.values()] for name in ("trl", "astraflow")}
+    seeds = list(per_seed)
+    lines = [
+        f"over seeds {', '.join(map(str, seeds))} (each pair one after the other):",
+        f"{'system':10s} {'total s':>8s} {'steps2..N s':>12s} {'reward last 10% by seed':>30s} "
+        f"{'mean':>6s} {'greedy mean':>12s}",
+    ]
+    for name, rows in sums.items():
+        lasts = " ".join(f"{r['reward_last']:.3f}" for r in rows)
+        lines.append(
+            f"{name:10s} {sum(r['total_s'] for r in rows):8.1f} {sum(r['steps_s'] for r in rows):12.1f} "
+            f"{lasts:>30s} {sum(r['reward_last'] for r in rows) / len(rows):6.3f} "
+            f"{sum(r['greedy'] for r in rows) / len(rows):12.2f}"
+        )
+    t, a = sums["trl"], sums["astraflow"]
+    ahead = sum(x["reward_last"] >= y["reward_last"] for x, y in zip(a, t, strict=True))
+
+    def ratio(key: str) -> float:  # the same steps on both sides: the ratio of times is that of speeds
+        return sum(r[key] for r in t) / sum(r[key] for r in a)
+
+    lines.append(
+        f"astraflow/TRL speed over all seeds: {ratio('total_s'):.2f}x whole runs, "
+        f"{ratio('steps_s'):.2f}x steps 2..N; "
+        f"last tenth at least TRL's in {ahead} of {len(seeds)} seeds"
+    )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -320,7 +356,15 @@ def main(argv: list[str] | None = None) -> None:
         "--steps", type=int, default=1000, help="optimiser steps for each system (default 1000)"
     )
     parser.add_argument("--lr", type=float, default=LR, help=f"both systems' learning rate (default {LR})")
-    parser.add_argument("--seed", type=int, default=0, help="TRL's seed (astraflow's is the recipe's)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="both systems' seed (astraflow: every seed of the recipe)"
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="pairs to run, seeds --seed, --seed + 1, ...; with more than one, a summary over them follows",
+    )
     parser.add_argument(
         "--trl-python",
         type=Path,
@@ -342,19 +386,30 @@ def main(argv: list[str] | None = None) -> None:
     from astraflow.models import init_checkpoint
     from bench.machine import describe
 
+    if args.seeds < 1:
+        parser.error("--seeds must be at least 1")
+    per_seed: dict[int, dict[str, dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         init = init_checkpoint(load_recipe(RECIPE).model_for(POLICY), work / "init")
-        results = {
-            "trl": run_trl(args.trl_python, init, args.steps, args.seed, args.lr, work),
-            "astraflow": run_astraflow(init, args.steps, args.lr, work),
-        }
-        for r in results.values():
-            r["greedy"] = greedy_accuracy(r["checkpoint"])
         init_acc = greedy_accuracy(init)
-    print(table(results, describe(), args.lr))
+        for seed in range(args.seed, args.seed + args.seeds):
+            pair = work if args.seeds == 1 else work / f"seed-{seed}"
+            pair.mkdir(parents=True, exist_ok=True)
+            results = {
+                "trl": run_trl(args.trl_python, init, args.steps, seed, args.lr, pair),
+                "astraflow": run_astraflow(init, args.steps, args.lr, pair, seed),
+            }
+            for r in results.values():
+                r["greedy"] = greedy_accuracy(r["checkpoint"])
+            per_seed[seed] = results
+            if args.seeds > 1:
+                print(f"seed {seed}:")
+            print(table(results, describe(), args.lr), flush=True)
     print(f"greedy accuracy of the init checkpoint: {init_acc:.2f}")
+    if args.seeds > 1:
+        print(over_seeds(per_seed))
 
 
 if __name__ == "__main__":

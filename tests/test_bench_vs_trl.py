@@ -127,6 +127,46 @@ def test_table_prints_the_ratio() -> None:
     assert trl_row.split()[1:4] == ["11", "40.0", "17.6"]  # 704 completions / 40 s
 
 
+def test_over_seeds_sums_the_times_and_compares_the_last_tenths() -> None:
+    def run(total: float, steps_s: float, last: float) -> dict[str, object]:
+        return {
+            "steps": 10,
+            "total_s": total,
+            "steps_s": steps_s,
+            "rewards": [0.0] * 9 + [last],
+            "greedy": 0.5,
+        }
+
+    per_seed = {
+        3: {"trl": run(30.0, 20.0, 0.5), "astraflow": run(20.0, 10.0, 0.6)},
+        4: {"trl": run(10.0, 10.0, 0.4), "astraflow": run(20.0, 10.0, 0.3)},
+    }
+    out = vs_trl.over_seeds(per_seed)
+    assert "over seeds 3, 4" in out
+    assert "1.00x whole runs, 1.50x steps 2..N; last tenth at least TRL's in 1 of 2 seeds" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:4]}
+    assert rows["trl"][3:6] == ["0.500", "0.400", "0.450"] and rows["astraflow"][3:6] == [
+        "0.600",
+        "0.300",
+        "0.450",
+    ]
+
+
+def test_the_astraflow_half_is_seeded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[dict[str, object]] = []
+
+    def fake_run(what: str, argv: list[str], log: Path, env: object = None) -> float:
+        seen.append(yaml.safe_load((tmp_path / "arithmetic-vs-trl.yaml").read_text()))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(vs_trl, "timed_run", fake_run)
+    with pytest.raises(RuntimeError, match="stop here"):
+        vs_trl.run_astraflow(tmp_path / "init", 20, 1e-4, tmp_path, seed=5)
+    data = seen[0]
+    assert data["seed"] == 5 and data["feeder"]["seed"] == 5
+    assert data["worker"]["engine"]["args"]["seed"] == 5
+
+
 def test_help_runs_without_trl() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "bench.vs_trl", "--help"], cwd=REPO, capture_output=True, text=True, check=True
