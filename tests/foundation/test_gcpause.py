@@ -30,8 +30,12 @@ def test_a_component_starts_paused_and_settles_once_with_its_start_frozen(comman
     assert gc.get_freeze_count() >= len(start)  # the start's objects are out of every collection
     assert all(gc.is_tracked(obj) for obj in start)
     frozen = gc.get_freeze_count()
+    later = [[] for _ in range(100)]  # what a second freeze would take in
     gcpause.settle()  # a second call changes nothing
-    assert gc.isenabled() and gc.get_freeze_count() == frozen
+    # at most: frozen objects that another thread of this process lets go meanwhile leave the count
+    # (it fell by 2 in a CI run), and a second freeze would have added `later`
+    assert gc.isenabled() and gc.get_freeze_count() <= frozen
+    assert all(gc.is_tracked(obj) for obj in later)
 
 
 @pytest.mark.parametrize("command", ["topics", "broker", "status", None])
