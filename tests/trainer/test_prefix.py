@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from astraflow.config.trainer import TrainerConfig
+from astraflow.sampling import SamplingSettings
 from tests.trainer.helpers import tiny_model
 from tests.trainer.synth import make_group
 from trainer.engine import TrainEngine
@@ -19,13 +20,13 @@ from trainer.prefix import packed_logits, plan_packing
 from trainer.rows import Rows, _logits, collate
 
 CPU = torch.device("cpu")
-SAMPLING = TrainEngine(tiny_model(), TrainerConfig(), CPU).sampling
+SAMPLING = SamplingSettings()
 
 
 def grouped_rows(n_groups: int = 3, size: int = 4, prompt: int = 5, seed: int = 0) -> Rows:
     """Groups whose members share their prompt (as GRPO's do), with completions of 1 to 6 tokens;
-    in one group two members also share their first completion token, and one member of the last
-    group repeats another whole."""
+    in the first group every member also begins its completion with the same token, and one member
+    of the last group repeats another whole."""
     rng = np.random.default_rng(seed)
     samples = []
     for g in range(n_groups):
@@ -33,8 +34,8 @@ def grouped_rows(n_groups: int = 3, size: int = 4, prompt: int = 5, seed: int = 
         head = rng.integers(4, 90, prompt)
         for k, s in enumerate(group):
             own = rng.integers(4, 90, int(rng.integers(1, 7)))
-            if g == 0 and k == 1:
-                own[0] = samples[0].tokens[prompt] if samples else own[0]
+            if g == 0 and k > 0:
+                own[0] = group[0].tokens[prompt]
             s.tokens = np.concatenate([head, own]).astype(np.int32)
             s.loss_mask = np.r_[np.zeros(prompt), np.ones(len(own))].astype(np.uint8)
             s.logprobs = np.where(s.loss_mask, -1.0, 0.0).astype(np.float32)
@@ -59,7 +60,9 @@ def test_packed_rows_give_each_rows_logits_and_gradients(kind: str) -> None:
     rows = grouped_rows()
     packing = plan_packing(rows.tokens, rows.lengths, rows.mask, 0, hidden_size=32)
     assert packing is not None and packing.tokens.shape[0] == 3  # one packed row a group
-    assert packing.positions_run < 0.8 * packing.positions_rows
+    assert packing.positions_run < 0.8 * rows.tokens.numel()
+    # the first group shares its prompt and its members' common first token: members start after both
+    assert int(packing.positions[0, 6]) == 6 and int(packing.positions[1, 5]) == 5
     model = attention(tiny_model(), kind)
     twin = copy.deepcopy(model)
     own = _logits(model, rows.tokens)
