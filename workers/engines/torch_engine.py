@@ -1,8 +1,9 @@
 """`torch` engine: a local transformers model behind a batching KV-cache sampling loop.
 
 Episodes (asyncio tasks of the worker) submit requests; one engine thread gathers whatever is
-pending into a batch (a "wave"), prefills it left-padded, then decodes all rows together, dropping
-rows from the KV cache as they finish. A request that arrives while a wave decodes joins it at the
+pending into a batch (a "wave"), prefills it left-padded (each distinct prompt once: a group's
+episodes share theirs), then decodes all rows together, dropping rows from the KV cache as they
+finish. A request that arrives while a wave decodes joins it at the
 next decode step: it is prefilled on its own and its KV cache merged into the wave's (both
 left-padded to one length), so an episode never waits for a wave to end. Every token records the
 log-prob of the distribution it was drawn from (temperature, top-p and top-k applied:
