@@ -1,0 +1,52 @@
+"""bench/e2e_sync_vs_async.py's report without running either mode: the synchronous loop runs at each
+of `--sync-threads` and every ratio is against the fastest of those runs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from bench import e2e_sync_vs_async as bench
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def fake_result(seconds_a_step: float, steps: int = 11, reward: float = 0.5) -> dict[str, Any]:
+    times = [i * seconds_a_step for i in range(steps)]
+    return {"total_s": times[-1], "steps_s": times[-1], "rewards": [reward] * steps, "times": times}
+
+
+def test_ratios_are_against_the_fastest_synchronous_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    threads_seen: list[int] = []
+
+    async def sync_run(recipe: Any, steps: int, work: Path) -> dict[str, Any]:
+        threads_seen.append(torch.get_num_threads())
+        # one thread 0.1 s a step, two threads 0.2 s: the default (two) is the slower
+        return fake_result(0.1 * torch.get_num_threads(), steps)
+
+    def async_run(recipe_path: Path, staleness: int, steps: int, work: Path) -> dict[str, Any]:
+        return {**fake_result(0.125, steps), "staleness": 1.5}
+
+    monkeypatch.setattr(bench, "sync_run", sync_run)
+    monkeypatch.setattr(bench, "async_run", async_run)
+    before = torch.get_num_threads()
+    argv = ["e2e_sync_vs_async", "--recipe", str(REPO / "recipes" / "guess_number.yaml"), "--steps", "11"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--staleness", "2", "--sync-threads", "2", "1"])
+    bench.main()
+    out = capsys.readouterr().out
+    assert threads_seen == [2, 1]
+    assert torch.get_num_threads() == before  # the process's own setting is given back
+    rows = {
+        line.split()[0] + " " + line.split()[1]: line.split()
+        for line in out.splitlines()
+        if line[:5] in ("sync ", "async")
+    }
+    assert rows["sync 1t"][5] == "1.00"  # the baseline: the fastest
+    assert rows["sync 2t"][5] == "0.50"
+    assert rows["async s=2"][5] == "0.80"  # 0.1 / 0.125, not 0.2 / 0.125 against the default threads
