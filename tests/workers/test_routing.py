@@ -135,6 +135,14 @@ def test_a_partition_that_changed_hands_follows_its_new_owner() -> None:
     assert r.outstanding(1) == 3 and r.outstanding(0) + r.outstanding(2) == 0
 
 
+def test_a_commit_token_names_one_process_and_fits_the_brokers_limit() -> None:
+    from workers.startup import commit_token
+
+    a, b = commit_token("worker-0"), commit_token("worker-0")
+    assert a != b and a.startswith("worker-0#") and b.startswith("worker-0#")  # a restart is a new worker
+    assert len(commit_token("w" * 10_000)) < 4096  # offset.metadata.max.length
+
+
 def test_no_partitions_is_an_error() -> None:
     with pytest.raises(ValueError):
         LeastOutstanding().pick()
