@@ -29,7 +29,11 @@ tasks spread over eight partitions of one worker were eight produce requests, ei
 episodes that started apart; in one partition they are one of each, which cut guess_number's CPU
 a step by 7% (bench/RESULTS.md). A worker with three partitions no longer gets three shares for
 one. A partition with no commit yet (a new run, a new partition) is a queue of its own; one that
-changed hands joins its new owner's queue with the new owner's first commit of it.
+changed hands joins its new owner's queue with the new owner's first commit of it. A worker's
+partitions other than the one it is given tasks in commit nothing, so their tokens age: after
+`OWNER_TTL_S` without a move each is a queue of its own again, is given a task when it has the
+fewest, and its owner's commit claims it back (a worker that joined and took partitions whose last
+commit carries another worker's token is found that way).
 
 - `LeastOutstanding`: the choice, pure (published and done offsets and owners in, a partition out).
 - `LoadProbe`: reads the committed offsets with their tokens and the topic's partitions and end
@@ -39,6 +43,7 @@ changed hands joins its new owner's queue with the new owner's first commit of i
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -47,6 +52,14 @@ from astraflow.config import KafkaSettings
 from astraflow.kafka import make_consumer, watermarks
 
 log = logging.getLogger(__name__)
+
+#: How long a partition's commit token names its owner after its committed offset last moved. The
+#: partitions a worker holds but is not given tasks in commit nothing, so a token there may be that
+#: of a worker that gave the partition up long ago: a worker that joins takes partitions whose last
+#: commit carries another's token and would never be given a task. Past this, such a partition is a
+#: queue of its own again, gets a task as soon as it has the fewest, and its owner's commit of it
+#: names the owner.
+OWNER_TTL_S = 3.0
 
 #: How often the probe re-reads the partitions and end offsets of `tasks` (a new partition, another
 #: feeder's tasks): one request per partition, while the committed offsets are one request for all.
@@ -63,6 +76,7 @@ class LeastOutstanding:
         self.ends: dict[int, int] = {}
         self.done: dict[int, int] = {}
         self.owners: dict[int, str] = {}  # partition -> the token its last commit carried
+        self.moved: dict[int, float] = {}  # partition -> when its done offset or token last changed
         self._last = -1  # the partition picked last: ties go to the queue after its own
         self._sticky: dict[str, int] = {}  # queue -> the partition of it picked last
 
@@ -71,13 +85,22 @@ class LeastOutstanding:
         ends: Mapping[int, int] | None = None,
         done: Mapping[int, int] | None = None,
         owners: Mapping[int, str] | None = None,
+        now: float | None = None,
     ) -> None:
         """Merge what the broker says. An end offset only grows (the feeder's own sends may be ahead of
-        what the broker has acknowledged); a done offset and an owner are taken as they are."""
+        what the broker has acknowledged); a done offset and an owner are taken as they are, and
+        either one changing renews the owner's claim (`OWNER_TTL_S`)."""
+        now = time.monotonic() if now is None else now
         for p, end in (ends or {}).items():
             self.ends[p] = max(self.ends.get(p, 0), end)
-        self.done.update(done or {})
-        self.owners.update(owners or {})
+        for p, offset in (done or {}).items():
+            if self.done.get(p) != offset:
+                self.done[p] = offset
+                self.moved[p] = now
+        for p, owner in (owners or {}).items():
+            if self.owners.get(p) != owner:
+                self.owners[p] = owner
+                self.moved[p] = now
 
     def sent(self, partition: int) -> None:
         self.ends[partition] = self.ends.get(partition, 0) + 1
@@ -88,16 +111,19 @@ class LeastOutstanding:
     def total(self) -> int:
         return sum(self.outstanding(p) for p in self.ends)
 
-    def queues(self) -> list[tuple[str, list[int]]]:
+    def queues(self, now: float | None = None) -> list[tuple[str, list[int]]]:
         """The partitions grouped by the worker whose commit each carries last, in the order of their
-        lowest partition; a partition with no owner known is a queue of its own."""
+        lowest partition; a partition with no owner known, or whose commit has not moved for
+        `OWNER_TTL_S`, is a queue of its own."""
+        now = time.monotonic() if now is None else now
         by: dict[str, list[int]] = {}
         for p in sorted(self.ends):
-            owner = self.owners.get(p)
+            fresh = now - self.moved.get(p, -math.inf) < OWNER_TTL_S
+            owner = self.owners.get(p) if fresh else None
             by.setdefault(f"worker {owner}" if owner else f"partition {p}", []).append(p)
         return list(by.items())
 
-    def pick(self) -> int:
+    def pick(self, now: float | None = None) -> int:
         """A partition of the queue (worker) with the least outstanding tasks; among equals, the first
         after the queue picked last (round robin, so that with no progress seen yet tasks spread
         evenly). Within a worker's queue, the partition it was given last while that one is still
@@ -106,7 +132,7 @@ class LeastOutstanding:
         request per partition)."""
         if not self.ends:
             raise ValueError("no partitions to route to")
-        queues = self.queues()
+        queues = self.queues(now)
         start = next((i for i, (_, parts) in enumerate(queues) if self._last in parts), -1) + 1
         turn = queues[start:] + queues[:start]
         loads = [sum(self.outstanding(p) for p in parts) for _, parts in turn]

@@ -135,6 +135,28 @@ def test_a_partition_that_changed_hands_follows_its_new_owner() -> None:
     assert r.outstanding(1) == 3 and r.outstanding(0) + r.outstanding(2) == 0
 
 
+def test_a_worker_that_joined_is_found_once_the_old_tokens_of_its_partitions_age() -> None:
+    from workers.routing import OWNER_TTL_S
+
+    r = LeastOutstanding()
+    r.observe(ends=dict.fromkeys(range(4), 0), owners=dict.fromkeys(range(4), "a#1"), now=0.0)
+    for t in range(1, 26):  # a alone: its tasks in partition 0, done at once
+        assert r.pick(now=t / 10) == 0
+        r.sent(0)
+        r.observe(done={0: r.ends[0]}, now=t / 10)
+    # b joins and takes partitions 2 and 3, whose last commits carry a's token: nothing says they are b's
+    assert r.queues(now=2.5) == [("worker a#1", [0, 1, 2, 3])]
+    late = OWNER_TTL_S + 0.5  # partitions 1-3 have not moved since 0.0: each its own queue again
+    assert r.queues(now=late) == [("worker a#1", [0])] + [(f"partition {p}", [p]) for p in (1, 2, 3)]
+    picks = []
+    for _ in range(3):
+        picks.append(r.pick(now=late))
+        r.sent(picks[-1])
+    assert picks == [1, 2, 3]  # the aged partitions are given tasks (ties in turn after a's)
+    r.observe(done={1: 1, 2: 1, 3: 1}, owners={1: "a#1", 2: "b#2", 3: "b#2"}, now=late + 0.2)
+    assert r.queues(now=late + 0.2) == [("worker a#1", [0, 1]), ("worker b#2", [2, 3])]
+
+
 def test_a_commit_token_names_one_process_and_fits_the_brokers_limit() -> None:
     from workers.startup import commit_token
 
@@ -188,14 +210,15 @@ def simulate(
     running: dict[str, list[list[int]]] = {w: [] for w in slots}  # [partition, ticks left]
     r = routing({p: 0 for p in range(8)})
     if tokens:
-        r.observe(owners={p: f"{w}#1" for p, w in owner.items()})
+        r.observe(owners={p: f"{w}#1" for p, w in owner.items()}, now=0.0)
     done_by: collections.Counter[str] = collections.Counter()
     done = dict.fromkeys(range(8), 0)
     published = 0
-    for _ in range(ticks):
+    for tick in range(ticks):
+        now = tick / 100  # a tick is 10 ms: a token not renewed for 300 ticks has aged
         while published - sum(done.values()) < window:
             # least outstanding, or by the hash of the task id as before
-            p = r.pick() if route == "least_outstanding" else zlib.crc32(f"t{published}".encode()) % 8
+            p = r.pick(now) if route == "least_outstanding" else zlib.crc32(f"t{published}".encode()) % 8
             r.sent(p)
             queue[owner[p]].append(p)
             published += 1
@@ -208,7 +231,7 @@ def simulate(
                 running[w].remove(job)
                 done[job[0]] += 1  # one task at a time per partition here: done in offset order
                 done_by[w] += 1
-        r.observe(done=done)
+        r.observe(done=done, owners={p: f"{owner[p]}#1" for p in range(8)} if tokens else None, now=now)
     return done_by
 
 
