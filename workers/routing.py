@@ -27,7 +27,7 @@ are one worker's, and its tasks go to one of them (the one it was given last, wh
 it). librdkafka sends one produce request per partition (confluentinc/librdkafka#1700), so a step's
 tasks spread over eight partitions of one worker were eight produce requests, eight fetches and
 episodes that started apart; in one partition they are one of each, which cut guess_number's CPU
-a step by 7% (bench/RESULTS.md). A worker with three partitions no longer gets three shares for
+a step by 3-7% (bench/RESULTS.md). A worker with three partitions no longer gets three shares for
 one. A partition with no commit yet (a new run, a new partition) is a queue of its own; one that
 changed hands joins its new owner's queue with the new owner's first commit of it. A worker's
 partitions other than the one it is given tasks in commit nothing, so their tokens age: after
