@@ -95,12 +95,21 @@ def read_now(
 
 def committed(settings: KafkaSettings, group: str, topic: str) -> dict[int, int]:
     """Committed offsets of the base consumer group `group` on `topic`, per partition."""
+    return {tp.partition: tp.offset for tp in _committed(settings, group, topic)}
+
+
+def committed_tokens(settings: KafkaSettings, group: str, topic: str) -> dict[int, str]:
+    """The metadata of the commits of `group` on `topic` that carry one, per partition."""
+    return {tp.partition: tp.metadata for tp in _committed(settings, group, topic) if tp.metadata}
+
+
+def _committed(settings: KafkaSettings, group: str, topic: str) -> list[Any]:
     from confluent_kafka import TopicPartition
 
     name = settings.topic(topic)
     with TopicReader(settings, group=group, **{"enable.auto.commit": False}) as reader:
         parts = [TopicPartition(name, p) for p in reader.end_offsets(name)]
-        return {tp.partition: tp.offset for tp in reader.consumer.committed(parts, timeout=15)}
+        return list(reader.consumer.committed(parts, timeout=15))
 
 
 def end_offsets(settings: KafkaSettings, topic: str) -> dict[int, int]:
@@ -108,15 +117,25 @@ def end_offsets(settings: KafkaSettings, topic: str) -> dict[int, int]:
         return reader.end_offsets(settings.topic(topic))
 
 
-def commit(settings: KafkaSettings, group: str, topic: str, offsets: dict[int, int]) -> None:
+def commit(
+    settings: KafkaSettings,
+    group: str,
+    topic: str,
+    offsets: dict[int, int],
+    tokens: dict[int, str] | None = None,
+) -> None:
     """Commit `offsets` for the base group `group` from a consumer that never joins it, as the
-    collector's probes read them."""
+    collector's probes read them; `tokens`: the metadata of some of the commits (a worker's token)."""
     from confluent_kafka import TopicPartition
 
     consumer = make_consumer(settings, group, **{"enable.auto.commit": False})
+    name, tokens = settings.topic(topic), tokens or {}
     try:
         consumer.commit(
-            offsets=[TopicPartition(settings.topic(topic), p, o) for p, o in offsets.items()],
+            offsets=[
+                TopicPartition(name, p, o, metadata=tokens[p]) if p in tokens else TopicPartition(name, p, o)
+                for p, o in offsets.items()
+            ],
             asynchronous=False,
         )
     finally:

@@ -11,8 +11,8 @@ attempts) or a JSONL file. Two controls sit between the source and the topic:
   restarted feeder keeps the same budget.
 - selective rollout (`feeder.selective`): tasks whose TaskStats say they are always or never solved
   are skipped, except a `keep_fraction` of them and any task after `max_skips_in_row` skips.
-Each task goes to the partition of `tasks` with the fewest tasks not yet done by the worker that owns
-it (`feeder.routing`, workers/routing.py), so workers that finish sooner are given more.
+Each task goes to the worker with the fewest tasks not yet done, in one partition of `tasks` it owns
+(`feeder.routing`, workers/routing.py), so workers that finish sooner are given more.
 A restarted feeder resumes its source exactly where it stopped: `<run_dir>/feeder/state.json` holds
 its position and the end offsets of `tasks` at that moment (saved every 64 tasks), and the tasks
 published after those offsets are skipped when the source yields them again (workers/feeder_state.py).
@@ -20,7 +20,8 @@ published after those offsets are skipped when the source yields them again (wor
 Metrics (component `feeder`): feeder.published, feeder.skipped, feeder.blocked_s, feeder.ahead,
 feeder.trainer_groups, feeder.deadletters, feeder.resume_skipped (tasks not published again after a
 restart), feeder.stats_evicted, feeder.stats_tasks, feeder.outstanding (tasks published and not yet
-committed by the workers, as routing last saw them).
+committed by the workers, as routing last saw them), feeder.routing_queues (the workers routing tells
+apart by their commits, plus each partition with no commit yet).
 """
 
 from __future__ import annotations
@@ -380,4 +381,5 @@ class Feeder:
         )
         if self.probe is not None:
             values["feeder.outstanding"] = float(self.routing.total())
+            values["feeder.routing_queues"] = float(len(self.routing.queues()))
         metrics.report(values, force=force)

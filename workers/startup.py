@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import uuid
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,6 +28,15 @@ def default_worker_id() -> str:
 #: (workers/routing.py): a fast worker whose done tasks stayed uncommitted for seconds would look as
 #: busy as a slow one. librdkafka sends a commit only when a stored offset has moved.
 COMMIT_INTERVAL_MS = 200
+
+
+def commit_token(worker_id: str) -> str:
+    """What a worker's commits of `tasks` offsets carry as their metadata: its id and a nonce of this
+    process, so that two processes never look like one, even under the same id. The feeder groups
+    the partitions whose last commit carries the same token as one worker's (workers/routing.py).
+    The id is cut to 200 characters: the broker refuses a commit whose metadata passes
+    `offset.metadata.max.length` (4,096 by default)."""
+    return f"{worker_id[:200]}#{uuid.uuid4().hex[:8]}"
 
 
 def task_consumer_overrides(worker_id: str) -> dict[str, Any]:

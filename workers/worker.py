@@ -41,7 +41,7 @@ from workers.engines.base import InferenceEngine
 from workers.episodes import Runtime, refusal, run_episode
 from workers.follower import WeightFollower
 from workers.offsets import OffsetTracker
-from workers.startup import build_engines, default_worker_id, task_consumer_overrides
+from workers.startup import build_engines, commit_token, default_worker_id, task_consumer_overrides
 
 log = logging.getLogger(__name__)
 #: How often the serving loop looks for new tasks and delivery acknowledgements when idle: a task
@@ -77,6 +77,7 @@ class Worker:
         self.run_dir = Path(run_dir)
         self.settings = settings
         self.worker_id = worker_id or default_worker_id()
+        self.token = commit_token(self.worker_id)  # the metadata of its commits: the feeder's routing
         self.region = region or settings.region
         self.policies = frozenset(recipe.policy_names)
         self.tracker = OffsetTracker()
@@ -269,7 +270,8 @@ class Worker:
 
         position = self.tracker.finish(partition, offset)
         if position is not None and partition in self.assigned:
-            self.consumer.store_offsets(offsets=[TopicPartition(self.topic, partition, position)])
+            done = TopicPartition(self.topic, partition, position, metadata=self.token)
+            self.consumer.store_offsets(offsets=[done])
 
     # ------------------------------------------------------------------ running a task
 

@@ -61,8 +61,8 @@ class FeederConfig(StrictModel):
     poll_s: float = Field(default=0.2, gt=0.0, le=60.0)
     """How often a blocked feeder re-reads trainer progress."""
     routing: Literal["least_outstanding", "task_id"] = "least_outstanding"
-    """Which partition of `tasks` a task goes to: `least_outstanding`, the one with the fewest tasks
-    published and not yet done by its worker (so faster workers get more: workers/routing.py), or
+    """Which partition of `tasks` a task goes to: `least_outstanding`, one of the worker with the
+    fewest tasks published and not yet done (so faster workers get more: workers/routing.py), or
     `task_id`, by the hash of its key (every partition the same share, whoever owns it)."""
     routing_refresh_s: float = Field(default=0.2, gt=0.0, le=60.0)
     """How often `least_outstanding` re-reads the workers' committed offsets (one request)."""

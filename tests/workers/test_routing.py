@@ -75,6 +75,96 @@ def test_a_partition_added_to_the_topic_is_used() -> None:
     assert r.pick() == 2
 
 
+def test_a_workers_partitions_are_one_queue_and_its_tasks_go_to_one_of_them() -> None:
+    # worker a owns 0-2 (its commits say so), b owns 3; partition 4 has no commit yet
+    r = routing(dict.fromkeys(range(5), 0))
+    r.observe(owners={0: "a#1", 1: "a#1", 2: "a#1", 3: "b#2"})
+    assert r.queues() == [("worker a#1", [0, 1, 2]), ("worker b#2", [3]), ("partition 4", [4])]
+    picks = []
+    for _ in range(9):
+        picks.append(r.pick())
+        r.sent(picks[-1])
+    # per worker, least outstanding in turn; each of a's tasks in the same partition of a's
+    assert picks == [0, 3, 4] * 3, picks
+    assert [r.outstanding(p) for p in range(5)] == [3, 0, 0, 3, 3]
+
+
+def test_one_worker_gets_a_burst_in_one_partition() -> None:
+    r = routing(dict.fromkeys(range(8), 0))
+    r.observe(owners=dict.fromkeys(range(8), "w#1"))
+    picks = set()
+    for _ in range(24):
+        picks.add(r.pick())
+        r.sent(max(picks))
+    assert picks == {0}  # one produce request, one fetch, one wave for a step's tasks
+
+
+def test_workers_are_balanced_as_workers_not_as_partitions() -> None:
+    r = routing(dict.fromkeys(range(4), 0))
+    r.observe(owners={0: "a#1", 1: "a#1", 2: "a#1", 3: "b#2"})
+    per = collections.Counter()
+    for _ in range(40):
+        p = r.pick()
+        r.sent(p)
+        per["a" if p < 3 else "b"] += 1
+        r.observe(done={q: r.ends[q] for q in range(4)})  # both keep up
+    assert per == {"a": 20, "b": 20}  # by partition a would have had 30
+
+
+def test_a_partition_that_changed_hands_follows_its_new_owner() -> None:
+    r = routing({0: 4, 1: 4, 2: 0}, done={0: 4, 1: 4, 2: 0})
+    r.observe(owners={0: "a#1", 1: "a#1", 2: "b#2"})
+    assert r.pick() == 0
+    r.sent(0)
+    r.observe(owners={0: "b#2"}, done={0: 5})  # a left; b committed partition 0's task
+    assert r.queues() == [("worker b#2", [0, 2]), ("worker a#1", [1])]
+    assert r.pick() == 1  # a's queue (partition 1 alone now) and b's both at 0: the turn after b's
+    r.sent(1)
+    assert r.pick() == 0  # b's, the least outstanding of its partitions
+    r.sent(0)
+    assert r.pick() == 1  # a tie (one each): the turn after b's
+    r.sent(1)
+    assert r.pick() == 0  # b's again: the partition it was given last, not its emptier one
+    r.sent(0)
+    # partition 1's owner is gone: nothing done there; past the tie at 2 it gets nothing more
+    for _ in range(10):
+        p = r.pick()
+        r.sent(p)
+        if p != 1:
+            r.observe(done={p: r.ends[p]})
+    assert r.outstanding(1) == 3 and r.outstanding(0) + r.outstanding(2) == 0
+
+
+def test_a_worker_that_joined_is_found_once_the_old_tokens_of_its_partitions_age() -> None:
+    from workers.routing import OWNER_TTL_S
+
+    r = LeastOutstanding()
+    r.observe(ends=dict.fromkeys(range(4), 0), owners=dict.fromkeys(range(4), "a#1"), now=0.0)
+    for t in range(1, 26):  # a alone: its tasks in partition 0, done at once
+        assert r.pick(now=t / 10) == 0
+        r.sent(0)
+        r.observe(done={0: r.ends[0]}, now=t / 10)
+    # b joins and takes partitions 2 and 3, whose last commits carry a's token: nothing says they are b's
+    assert r.queues(now=2.5) == [("worker a#1", [0, 1, 2, 3])]
+    late = OWNER_TTL_S + 0.5  # partitions 1-3 have not moved since 0.0: each its own queue again
+    assert r.queues(now=late) == [("worker a#1", [0])] + [(f"partition {p}", [p]) for p in (1, 2, 3)]
+    picks = []
+    for _ in range(3):
+        picks.append(r.pick(now=late))
+        r.sent(picks[-1])
+    assert picks == [1, 2, 3]  # the aged partitions are given tasks (ties in turn after a's)
+    r.observe(done={1: 1, 2: 1, 3: 1}, owners={1: "a#1", 2: "b#2", 3: "b#2"}, now=late + 0.2)
+    assert r.queues(now=late + 0.2) == [("worker a#1", [0, 1]), ("worker b#2", [2, 3])]
+
+
+def test_a_commit_token_names_one_process_and_fits_the_brokers_limit() -> None:
+    from workers.startup import commit_token
+
+    a, b = commit_token("worker-0"), commit_token("worker-0")
+    assert a != b and a.startswith("worker-0#") and b.startswith("worker-0#")  # a restart is a new worker
+    assert len(commit_token("w" * 10_000)) < 4096  # offset.metadata.max.length
+
+
 def test_no_partitions_is_an_error() -> None:
     with pytest.raises(ValueError):
         LeastOutstanding().pick()
@@ -107,22 +197,28 @@ def test_a_probe_that_cannot_read_keeps_the_last_view_and_backs_off(caplog: pyte
 # ---------------------------------------------------------------------- a simulated pair of workers
 
 
-def simulate(route: str, ticks: int = 2000, window: int = 6) -> collections.Counter[str]:
+def simulate(
+    route: str, ticks: int = 2000, window: int = 6, tokens: bool = False
+) -> collections.Counter[str]:
     """Tasks done per worker in `ticks` ticks: `fast` owns partitions 0-3 and runs 4 tasks at once,
     2 ticks each; `slow` owns 4-7 and runs one at a time, 16 ticks each (8x slower, as the e2e pair).
-    Each tick the feeder publishes while fewer than `window` tasks are not done (admission)."""
+    Each tick the feeder publishes while fewer than `window` tasks are not done (admission).
+    `tokens`: the commits name their worker, so routing sees two workers, not eight partitions."""
     owner = {p: "fast" if p < 4 else "slow" for p in range(8)}
     slots, length = {"fast": 4, "slow": 1}, {"fast": 2, "slow": 16}
     queue: dict[str, collections.deque[int]] = {w: collections.deque() for w in slots}
     running: dict[str, list[list[int]]] = {w: [] for w in slots}  # [partition, ticks left]
     r = routing({p: 0 for p in range(8)})
+    if tokens:
+        r.observe(owners={p: f"{w}#1" for p, w in owner.items()}, now=0.0)
     done_by: collections.Counter[str] = collections.Counter()
     done = dict.fromkeys(range(8), 0)
     published = 0
-    for _ in range(ticks):
+    for tick in range(ticks):
+        now = tick / 100  # a tick is 10 ms: a token not renewed for 300 ticks has aged
         while published - sum(done.values()) < window:
             # least outstanding, or by the hash of the task id as before
-            p = r.pick() if route == "least_outstanding" else zlib.crc32(f"t{published}".encode()) % 8
+            p = r.pick(now) if route == "least_outstanding" else zlib.crc32(f"t{published}".encode()) % 8
             r.sent(p)
             queue[owner[p]].append(p)
             published += 1
@@ -135,7 +231,7 @@ def simulate(route: str, ticks: int = 2000, window: int = 6) -> collections.Coun
                 running[w].remove(job)
                 done[job[0]] += 1  # one task at a time per partition here: done in offset order
                 done_by[w] += 1
-        r.observe(done=done)
+        r.observe(done=done, owners={p: f"{owner[p]}#1" for p in range(8)} if tokens else None, now=now)
     return done_by
 
 
@@ -146,6 +242,9 @@ def test_least_outstanding_gives_the_faster_worker_more_where_keys_did_not() -> 
     assert routed["slow"] >= 2000 // 16 - 1  # the slow one still always busy
     assert routed["fast"] >= 4 * routed["slow"], routed
     assert sum(routed.values()) >= 3 * sum(by_key.values())
+    by_worker = simulate("least_outstanding", tokens=True)  # the same, routed to two workers
+    assert by_worker["slow"] >= 2000 // 16 - 1 and by_worker["fast"] >= 4 * by_worker["slow"], by_worker
+    assert sum(by_worker.values()) >= 0.95 * sum(routed.values())
 
 
 # ---------------------------------------------------------------------- against the broker
@@ -161,7 +260,7 @@ def test_the_probe_reads_the_worker_groups_committed_offsets(kafka: KafkaSetting
                 "tasks", Task(task_id=f"t{p}-{i}", env="arithmetic", roles={"agent": "policy"}), partition=p
             )
     pub.flush()
-    commit(kafka, "workers", "tasks", {0: 3, 1: 1})
+    commit(kafka, "workers", "tasks", {0: 3, 1: 1, 2: 0}, tokens={0: "w-a#1", 2: "w-a#1"})
     probe = LoadProbe(kafka, "workers", refresh_s=0.1)
     r = LeastOutstanding()
     try:
@@ -170,7 +269,10 @@ def test_the_probe_reads_the_worker_groups_committed_offsets(kafka: KafkaSetting
         probe.close()
     assert probe.failures == 0
     assert len(r.ends) == 8 and r.ends[0] == 3 and r.ends[1] == 5
-    assert [r.outstanding(p) for p in range(3)] == [0, 4, 0]  # partition 2: never committed, empty
+    assert [r.outstanding(p) for p in range(3)] == [0, 4, 0]
+    # the worker that committed 0 and 2 is one queue; 1 (no token) and 3-7 (no commit) are their own
+    assert r.owners == {0: "w-a#1", 2: "w-a#1"}
+    assert r.queues()[:2] == [("worker w-a#1", [0, 2]), ("partition 1", [1])] and len(r.queues()) == 7
 
 
 @pytest.mark.broker

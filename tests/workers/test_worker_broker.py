@@ -17,7 +17,7 @@ from astraflow.kafka import Publisher
 from astraflow.records import DeadLetter, Metric, Task, Trajectory, WeightVersion
 
 from .conftest import make_recipe
-from .kafka_util import committed, end_offsets, read_topic, read_trajectories
+from .kafka_util import committed, committed_tokens, end_offsets, read_topic, read_trajectories
 
 pytestmark = pytest.mark.broker
 
@@ -122,6 +122,9 @@ def test_worker_end_to_end(kafka: KafkaSettings, topics: Any, tmp_path: Path) ->
     assert committed(kafka, "workers", "tasks") == {
         p: o for p, o in end_offsets(kafka, "tasks").items() if o > 0
     } | {p: -1001 for p, o in end_offsets(kafka, "tasks").items() if o == 0}
+    # each commit names this worker process, which the feeder's routing groups its partitions by
+    tokens = committed_tokens(kafka, "workers", "tasks")
+    assert tokens and set(tokens.values()) == {worker.token} and worker.token.startswith("w-e2e#"), tokens
     dead = read_topic(kafka, "deadletter")
     assert len(dead) == 2 and all(isinstance(d, DeadLetter) for d in dead)
     assert any("no_such_env" in d.error and "known:" in d.error for d in dead)
