@@ -26,14 +26,14 @@ metadata (`workers.startup.commit_token`), the partitions whose last commit carr
 are one worker's, and its tasks go to one of them (the one it was given last, while it still owns
 it). librdkafka sends one produce request per partition (confluentinc/librdkafka#1700), so a step's
 tasks spread over eight partitions of one worker were eight produce requests, eight fetches and
-episodes that started apart; in one partition they are one of each, which cut guess_number's CPU
-a step by 3-7% (bench/RESULTS.md). A worker with three partitions no longer gets three shares for
-one. A partition with no commit yet (a new run, a new partition) is a queue of its own; one that
-changed hands joins its new owner's queue with the new owner's first commit of it. A worker's
-partitions other than the one it is given tasks in commit nothing, so their tokens age: after
-`OWNER_TTL_S` without a move each is a queue of its own again, is given a task when it has the
-fewest, and its owner's commit claims it back (a worker that joined and took partitions whose last
-commit carries another worker's token is found that way).
+episodes that started apart; in one partition they are one of each, which cut guess_number's CPU a
+step by ~5% on average (ten pairs, from 1% more to 10% less; bench/RESULTS.md). A worker with three
+partitions no longer gets three shares for one. A partition with no commit yet (a new run, a new
+partition) is a queue of its own; one that changed hands joins its new owner's queue with the new
+owner's first commit of it. A worker's partitions other than the one it is given tasks in commit
+nothing, so their tokens age: after `OWNER_TTL_S` without a move each is a queue of its own again,
+is given a task when it has the fewest, and its owner's commit claims it back (a worker that joined
+and took partitions whose last commit carries another worker's token is found that way).
 
 - `LeastOutstanding`: the choice, pure (published and done offsets and owners in, a partition out).
 - `LoadProbe`: reads the committed offsets with their tokens and the topic's partitions and end
