@@ -29,8 +29,13 @@ def run_recipe(name: str, tmp_path: Path, bootstrap: str) -> dict:
     return result
 
 
+def recipe(name: str) -> dict[str, Any]:
+    """The recipe `recipes/<name>.yaml` as its YAML reads."""
+    return dict(yaml.safe_load((REPO / "recipes" / f"{name}.yaml").read_text()))
+
+
 def group_size(name: str) -> int:
-    return int(yaml.safe_load((REPO / "recipes" / f"{name}.yaml").read_text())["feeder"]["group_size"])
+    return int(recipe(name)["feeder"]["group_size"])
 
 
 def assert_learned(policy: dict, name: str, min_gain: float, group: int) -> None:
@@ -46,8 +51,7 @@ def assert_learned(policy: dict, name: str, min_gain: float, group: int) -> None
 def test_single_policy_recipe_learns(name: str, tmp_path: Path, kafka_bootstrap: str) -> None:
     result = run_recipe(name, tmp_path, kafka_bootstrap)
     policy = next(iter(result["policies"].values()))
-    recipe = yaml.safe_load((REPO / "recipes" / f"{name}.yaml").read_text())
-    assert policy["steps"] >= recipe["run"]["max_steps"] >= 400
+    assert policy["steps"] >= recipe(name)["run"]["max_steps"] >= 400
     assert_learned(policy, name, min_gain=0.05, group=group_size(name))
     if name == "guess_number":
         # issue 12's bar: >= 0.8 success (random guesses without repeats score 0.5, binary search 1.0),
@@ -101,7 +105,7 @@ def guess_greedily(run_dir: Path) -> float:
     from workers.envs.guess_number import GuessNumberEnv
 
     codec, models = final_policies(run_dir, ("agent",))
-    args = yaml.safe_load((REPO / "recipes" / "guess_number.yaml").read_text())["feeder"]["env_args"]
+    args = recipe("guess_number")["feeder"]["env_args"]
     env = GuessNumberEnv(**args)
     found = 0
     for spec, _ in itertools.islice(env.tasks(0), args["max_number"]):  # one epoch: every secret once
@@ -150,7 +154,7 @@ def play_greedily(run_dir: Path) -> float:
 
     codec, models = final_policies(run_dir, ("speaker", "listener"))
     speaker, listener = models["speaker"], models["listener"]
-    args = yaml.safe_load((REPO / "recipes" / "referential_game.yaml").read_text())["feeder"]["env_args"]
+    args = recipe("referential_game")["feeder"]["env_args"]
     env = ReferentialEnv(**args)
     wins = games = 0
     for pair in itertools.permutations(args["symbols"], args["n_candidates"]):
