@@ -11,8 +11,10 @@ trainer's ledger and follows each group around the loop:
 Timestamps are the broker's record timestamps (producer create time) and the wall times the
 components stamp on records, all from one machine's clock. Prints the median and p90 of every stage
 per group, the trainer's step interval, and how long the feeder took to answer a new version while
-it was blocked. Default workload: the full single-digit addition task of the TRL comparison
-(arithmetic, 0..9 + 0..9, answer then <eos>).
+it was blocked; then the CPU a step of every component, the broker's included, and the machine's
+idle cores a step, between steps N/5 and 4N/5 (bench/proc_cpu.py): on a machine the run keeps
+busy, the step's wall time is their sum over the cores. Default workload: the full single-digit
+addition task of the TRL comparison (arithmetic, 0..9 + 0..9, answer then <eos>).
 
     python -m bench.loop_breakdown [--recipe recipes/arithmetic.yaml] [--steps 200] [--set key=value ...]
                                    [--baseline CHECKOUT]
@@ -37,8 +39,10 @@ from astraflow import broker
 from astraflow.config import KafkaSettings, load_recipe
 from astraflow.kafka import read_to_end
 from astraflow.records import Sample, SampleBatch, Task, WeightVersion, trajectories_of
+from bench import proc_cpu
 from bench.learning_seeds import run_command
 from bench.machine import describe
+from bench.proc_cpu import StepCpu
 
 REPO = Path(__file__).resolve().parent.parent
 FULL_ADDITION = {"feeder.env_args": {"max_operand": 9, "require_eos": True}}
@@ -59,19 +63,44 @@ def quantiles(xs: list[float]) -> str:
     return f"{1000 * statistics.median(xs):7.1f} {1000 * p90:8.1f}"
 
 
-def run_once(recipe_file: Path, steps: int, run_dir: Path, bootstrap: str, code: Path = REPO) -> float:
-    """`astraflow run` of the checkout at `code` (its own package first on the path); wall seconds."""
+def run_once(
+    recipe_file: Path,
+    steps: int,
+    run_dir: Path,
+    bootstrap: str,
+    code: Path = REPO,
+    broker_pid: int | None = None,
+    policy: str = "",
+) -> tuple[float, StepCpu | None]:
+    """`astraflow run` of the checkout at `code` (its own package first on the path): its wall
+    seconds, and the CPU of each component a step between steps N/5 and 4N/5 (the broker's too,
+    given its pid; None if the run ended before)."""
     env = {**os.environ, "ASTRAFLOW_BOOTSTRAP": bootstrap, "PYTHONPATH": str(code)}
     start = time.perf_counter()
-    subprocess.run(
+    proc = subprocess.Popen(
         run_command(recipe_file, run_dir, steps),
-        check=True,
         cwd=code,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    return time.perf_counter() - start
+    try:
+        cpu = proc_cpu.watch(
+            run_dir,
+            proc_cpu.TrainerSteps(run_dir, policy),
+            max(2, steps // 5),
+            max(3, 4 * steps // 5),
+            done=lambda: proc.poll() is not None,
+            extra={broker_pid: "broker"} if broker_pid else None,
+        )
+        code_ = proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if code_:
+        raise subprocess.CalledProcessError(code_, proc.args)
+    return time.perf_counter() - start, cpu
 
 
 def breakdown(settings: KafkaSettings, run_dir: Path, policy: str) -> dict[str, list[float]]:
@@ -142,10 +171,12 @@ def breakdown(settings: KafkaSettings, run_dir: Path, policy: str) -> dict[str, 
 def measure(recipe_file: Path, steps: int, work: Path, code: Path) -> dict[str, Any]:
     """One run of `code` on a broker of its own; its stages, step intervals, reward and lag."""
     recipe = load_recipe(recipe_file)
-    state = broker.start(port=0, data_dir=work / "kafka")
+    state = broker.start(port=0, data_dir=work / "kafka", quick_jit=True)  # as `astraflow run` starts its own
     try:
         run_dir = work / "run"
-        wall = run_once(recipe_file, steps, run_dir, state.bootstrap, code)
+        wall, cpu = run_once(
+            recipe_file, steps, run_dir, state.bootstrap, code, state.pid, recipe.policy_names[0]
+        )
         settings = KafkaSettings(bootstrap=state.bootstrap, namespace=recipe.name)  # as `run` names it
         stages = breakdown(settings, run_dir, recipe.policy_names[0])
         rows = [
@@ -169,6 +200,7 @@ def measure(recipe_file: Path, steps: int, work: Path, code: Path) -> dict[str, 
         "first": statistics.fmean(reward[:tenth]),
         "last": statistics.fmean(reward[-tenth:]),
         "lag": statistics.fmean(lags) if lags else 0.0,
+        "cpu": cpu,
     }
 
 
@@ -240,6 +272,25 @@ def main() -> None:
             xs = results[n]["stages"].get(stage, [])
             cells.append(f"{quantiles(xs):>17s}")
         print(f"{stage:52s} " + " ".join(cells))
+    print_cpu(results)
+
+
+def print_cpu(results: dict[str, dict[str, Any]]) -> None:
+    """CPU ms a step of each component (all its threads; /proc), the machine's idle ms a step."""
+    cpus = {n: r["cpu"] for n, r in results.items() if r["cpu"] is not None}
+    if not cpus:
+        print("CPU a step: the runs ended before their measuring window")
+        return
+    window = ", ".join(f"{n} steps {c.first}..{c.last}" for n, c in cpus.items())
+    print(f"{'CPU ms a step (' + window + ')':52s} " + " ".join(f"{n:>17s}" for n in cpus))
+    kinds = list(dict.fromkeys(k for c in cpus.values() for k in c.by_kind))
+    rows = [(k, lambda c, k=k: c.by_kind.get(k, 0.0)) for k in kinds] + [
+        ("all components", lambda c: c.total_ms),
+        ("idle cores (machine)", lambda c: c.idle_ms),
+        ("wall", lambda c: c.wall_ms),
+    ]
+    for label, value in rows:
+        print(f"{label:52s} " + " ".join(f"{value(c):17.1f}" for c in cpus.values()))
 
 
 if __name__ == "__main__":

@@ -27,22 +27,10 @@ from typing import Any
 import yaml
 
 from bench.machine import describe
+from bench.proc_cpu import kind_of
 from tests.conftest import REPO, subprocess_env
 from tests.e2e.helpers import processes_of, trainer_steps
 from tests.faults.harness import finish, start_run
-
-KINDS = ("trainer", "streams", "worker", "feed", "run")
-
-
-def kind_of(cmd: str) -> str:
-    if "kafka.Kafka" in cmd:
-        return "broker"
-    for kind in KINDS:
-        if f"astraflow.cli {kind} " in cmd:
-            return kind + (
-                f" {cmd.split('--id ')[1].split()[0]}" if kind == "worker" and "--id " in cmd else ""
-            )
-    return "other"
 
 
 def rss_mib(pid: int) -> float | None:
@@ -61,7 +49,7 @@ def sample(run_dir: Path) -> dict[str, float]:
     for pid, cmd in processes_of(run_dir):
         rss = rss_mib(pid)
         if rss is not None:
-            kind = kind_of(cmd)
+            kind = kind_of(cmd, workers_apart=True)
             out[kind] = out.get(kind, 0.0) + rss
     return out
 

@@ -1,33 +1,11 @@
-"""The soak bench's arithmetic (bench/soak.py): which process is which, and what counts as growth."""
+"""The soak bench's arithmetic (bench/soak.py): what counts as growth (which process is which:
+tests/test_bench_proc_cpu.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from bench import soak
-
-
-@pytest.mark.parametrize(
-    ("cmd", "kind"),
-    [
-        (
-            "/venv/bin/python -m astraflow.cli trainer --recipe r.yaml --run-dir /tmp/run --policy solver",
-            "trainer",
-        ),
-        (
-            (
-                "/venv/bin/python -m astraflow.cli worker --recipe r.yaml --run-dir /tmp/run "
-                "--region local --id worker-0"
-            ),
-            "worker worker-0",
-        ),
-        ("/venv/bin/python -m astraflow.cli run r.yaml --run-dir /tmp/run --no-dashboard", "run"),
-        ("java -Xmx1g -cp /x kafka.Kafka /tmp/run/broker/server.properties", "broker"),
-        ("/bin/sh -c sleep 1 /tmp/run", "other"),
-    ],
-)
-def test_processes_are_told_apart_by_their_command_line(cmd: str, kind: str) -> None:
-    assert soak.kind_of(cmd) == kind
 
 
 def test_a_flat_line_has_no_slope_and_a_leak_shows_per_ten_minutes() -> None:
