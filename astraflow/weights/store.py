@@ -207,9 +207,8 @@ class WeightStore:
             assert latest is not None  # chained: a delta on the latest version
             entry["snapshot_version"] = self.entry(latest)["snapshot_version"]
         self.manifest["versions"][str(version)] = entry
-        self._save_manifest()
         self._last = HeldWeights(version, fmt.with_aliases(unique, aliases))
-        self.prune()
+        self.prune(save=True)  # one manifest write (and fsync) for the new entry and the dropped ones
         return self.event(version)
 
     def _previous_state(self, latest: int) -> dict[str, torch.Tensor]:
@@ -262,13 +261,14 @@ class WeightStore:
         floor = min(self.entry(v)["snapshot_version"] for v in window)
         return {v for v in vs if v >= floor}
 
-    def prune(self) -> list[str]:
-        """Drop manifest entries and object files no worker can still need. Returns removed files."""
+    def prune(self, save: bool = False) -> list[str]:
+        """Drop manifest entries and object files no worker can still need. Returns removed files.
+        The manifest is written before any file goes (with `save`, even if no entry was dropped)."""
         keep = self.needed()
         dropped = [v for v in self.versions if v not in keep]
         for v in dropped:
             del self.manifest["versions"][str(v)]
-        if dropped:
+        if dropped or save:
             self._save_manifest()
         referenced = {
             part["file"]
