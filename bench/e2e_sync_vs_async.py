@@ -10,7 +10,9 @@ workers, streams and trainer as separate processes on a local Kafka, generation 
 
 Both use the recipe's model, group size, batch and learning rate. Reported per mode: wall time of
 steps 2..N (start-up excluded; the first step includes model loading), total wall time, the ratio
-of the sync time to each async time, and the mean reward of the last 10 steps.
+of the sync time to each async time, and the mean reward of the last 10 steps. Then where the CPU
+of a step went: the sync loop's phases (generate, train, weights), and each dataflow run's
+components with its broker and the cores it left idle (bench/proc_cpu.py).
 
 The baseline runs at each of `--sync-threads` torch threads (default 1 and 2) and the ratios are
 against the fastest: on the 2-core machine one thread ran guess_number's synchronous loop 14% faster
@@ -43,6 +45,7 @@ from astraflow.config import Recipe, load_recipe
 from astraflow.models import init_checkpoint, load_model
 from astraflow.records import Sample, Trajectory
 from astraflow.sampling import SamplingSettings
+from bench import proc_cpu
 from bench.learning_seeds import run_command
 from bench.machine import describe
 from streams.advantages import grpo
@@ -92,8 +95,10 @@ async def sync_run(recipe: Recipe, steps: int, work: Path) -> dict[str, Any]:
     )
     tasks = generated_tasks(recipe)
     times, rewards = [], []
+    cpu = {"generate": 0.0, "train": 0.0, "weights": 0.0}  # CPU seconds of steps 2..N, by phase
     start = time.perf_counter()
     for step in range(1, steps + 1):
+        c0 = time.process_time()
         batch = [next(tasks) for _ in range(recipe.trainer.batch_groups)]
         episodes = [
             run_episode(runtime, task, k, {policy: engine}, "sync", "local")
@@ -105,15 +110,20 @@ async def sync_run(recipe: Recipe, steps: int, work: Path) -> dict[str, Any]:
         for trajs, _ in results:
             for t in trajs:
                 by_group.setdefault(t.group_id, []).append(t)
+        c1 = time.process_time()
         samples = [s for group in by_group.values() for s in samples_of(group, policy)]
         rows = collate(samples, codec.pad)  # train
         n_tokens = float(sum(float(s.loss_mask.sum()) for s in samples))
         trainer.step(rows, step, n_tokens, float(len(samples)))
+        c2 = time.process_time()
         state = {k: v.detach().to(torch.bfloat16) for k, v in trainer.model.state_dict().items()}
         await engine.update_weights(state, step)  # sync weights before the next generation
         trainer.serving_published = True  # the engine now runs bfloat16-published weights
         rewards.append(float(np.mean([s.reward for s in samples])))
         times.append(time.perf_counter())
+        if step > 1:
+            for phase, seconds in zip(cpu, (c1 - c0, c2 - c1, time.process_time() - c2), strict=True):
+                cpu[phase] += seconds
     await engine.close()
     await runtime.close()
     return {
@@ -121,6 +131,7 @@ async def sync_run(recipe: Recipe, steps: int, work: Path) -> dict[str, Any]:
         "steps_s": times[-1] - times[0],
         "rewards": rewards,
         "times": [t - times[0] for t in times],
+        "cpu_ms": {k: 1000 * v / max(1, steps - 1) for k, v in cpu.items()},
     }
 
 
@@ -131,13 +142,28 @@ def async_run(recipe_path: Path, staleness: int, steps: int, work: Path) -> dict
     recipe_file.write_text(yaml.safe_dump(data))
     run_dir = work / f"run-s{staleness}"
     start = time.perf_counter()
-    subprocess.run(
+    proc = subprocess.Popen(
         run_command(recipe_file, run_dir, steps),
-        check=True,
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    try:
+        policy = yaml.safe_load(recipe_file.read_text())["policies"][0]["name"]
+        cpu = proc_cpu.watch(
+            run_dir,
+            proc_cpu.TrainerSteps(run_dir, policy),
+            max(2, steps // 5),
+            max(3, 4 * steps // 5),
+            done=lambda: proc.poll() is not None,
+        )
+        code = proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if code:
+        raise subprocess.CalledProcessError(code, proc.args)
     total = time.perf_counter() - start
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     by_step = {r["step"]: r for r in rows if r["component"] == "trainer" and r["step"] >= 1}
@@ -149,6 +175,7 @@ def async_run(recipe_path: Path, staleness: int, steps: int, work: Path) -> dict
         "times": [r["time"] - ordered[0]["time"] for r in ordered],
         "staleness": float(np.mean([r["values"].get("staleness.mean", 0.0) for r in ordered])),
         "stale_dropped": ordered[-1]["values"].get("samples.stale", 0.0),
+        "cpu": cpu,
     }
 
 
@@ -244,6 +271,24 @@ def main() -> None:
         f"target: the fastest sync run's last-10-step reward, {target:.3f}; sync/this per step is the "
         "ratio of seconds a step to the fastest sync run's"
     )
+    print_cpu(results)
+
+
+def print_cpu(results: dict[str, dict[str, Any]]) -> None:
+    """Where each mode's CPU goes, in ms a step: the sync loop's phases (steps 2..N, its process),
+    each dataflow run's components (steps N/5..4N/5, /proc; its broker included) and the cores it
+    left idle."""
+    for mode, r in results.items():
+        if "cpu_ms" in r:
+            phases = ", ".join(f"{k} {v:.1f}" for k, v in r["cpu_ms"].items())
+            print(f"CPU ms a step, {mode}: {phases}; all {sum(r['cpu_ms'].values()):.1f}")
+        elif r.get("cpu") is not None:
+            c = r["cpu"]
+            parts = ", ".join(f"{k} {v:.1f}" for k, v in c.by_kind.items())
+            print(
+                f"CPU ms a step, {mode} (steps {c.first}..{c.last}): {parts}; all {c.total_ms:.1f}, "
+                f"idle cores {c.idle_ms:.1f}, wall {c.wall_ms:.1f}"
+            )
 
 
 if __name__ == "__main__":

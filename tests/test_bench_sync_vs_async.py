@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from bench import e2e_sync_vs_async as bench
+from bench.proc_cpu import StepCpu
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -28,10 +29,12 @@ def test_ratios_are_against_the_fastest_synchronous_run(
     async def sync_run(recipe: Any, steps: int, work: Path) -> dict[str, Any]:
         threads_seen.append(torch.get_num_threads())
         # one thread 0.1 s a step, two threads 0.2 s: the default (two) is the slower
-        return fake_result(0.1 * torch.get_num_threads(), steps)
+        cpu_ms = {"generate": 40.0, "train": 50.0, "weights": 2.5}
+        return {**fake_result(0.1 * torch.get_num_threads(), steps), "cpu_ms": cpu_ms}
 
     def async_run(recipe_path: Path, staleness: int, steps: int, work: Path) -> dict[str, Any]:
-        return {**fake_result(0.125, steps), "staleness": 1.5}
+        cpu = StepCpu(2, 8, 125.0, 20.0, {"trainer": 120.0, "broker": 110.0})
+        return {**fake_result(0.125, steps), "staleness": 1.5, "cpu": cpu}
 
     monkeypatch.setattr(bench, "sync_run", sync_run)
     monkeypatch.setattr(bench, "async_run", async_run)
@@ -50,3 +53,9 @@ def test_ratios_are_against_the_fastest_synchronous_run(
     assert rows["sync 1t"][5] == "1.00"  # the baseline: the fastest
     assert rows["sync 2t"][5] == "0.50"
     assert rows["async s=2"][5] == "0.80"  # 0.1 / 0.125, not 0.2 / 0.125 against the default threads
+    # where each mode's CPU went, a step
+    assert "CPU ms a step, sync 1t: generate 40.0, train 50.0, weights 2.5; all 92.5" in out
+    assert (
+        "CPU ms a step, async s=2 (steps 2..8): trainer 120.0, broker 110.0; all 230.0, "
+        "idle cores 20.0, wall 125.0" in out
+    )
