@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import json
 import math
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -141,30 +140,8 @@ def async_run(recipe_path: Path, staleness: int, steps: int, work: Path) -> dict
     recipe_file = work / f"recipe-s{staleness}.yaml"
     recipe_file.write_text(yaml.safe_dump(data))
     run_dir = work / f"run-s{staleness}"
-    start = time.perf_counter()
-    proc = subprocess.Popen(
-        run_command(recipe_file, run_dir, steps),
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        policy = yaml.safe_load(recipe_file.read_text())["policies"][0]["name"]
-        cpu = proc_cpu.watch(
-            run_dir,
-            proc_cpu.TrainerSteps(run_dir, policy),
-            max(2, steps // 5),
-            max(3, 4 * steps // 5),
-            done=lambda: proc.poll() is not None,
-        )
-        code = proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    if code:
-        raise subprocess.CalledProcessError(code, proc.args)
-    total = time.perf_counter() - start
+    policy = yaml.safe_load(recipe_file.read_text())["policies"][0]["name"]
+    total, cpu = proc_cpu.measured_run(run_command(recipe_file, run_dir, steps), run_dir, policy, steps, REPO)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     by_step = {r["step"]: r for r in rows if r["component"] == "trainer" and r["step"] >= 1}
     ordered = [by_step[s] for s in sorted(by_step)][:steps]

@@ -27,9 +27,7 @@ import bisect
 import json
 import os
 import statistics
-import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -76,31 +74,10 @@ def run_once(
     seconds, and the CPU of each component a step between steps N/5 and 4N/5 (the broker's too,
     given its pid; None if the run ended before)."""
     env = {**os.environ, "ASTRAFLOW_BOOTSTRAP": bootstrap, "PYTHONPATH": str(code)}
-    start = time.perf_counter()
-    proc = subprocess.Popen(
-        run_command(recipe_file, run_dir, steps),
-        cwd=code,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    extra = {broker_pid: "broker"} if broker_pid else None
+    return proc_cpu.measured_run(
+        run_command(recipe_file, run_dir, steps), run_dir, policy, steps, code, env, extra
     )
-    try:
-        cpu = proc_cpu.watch(
-            run_dir,
-            proc_cpu.TrainerSteps(run_dir, policy),
-            max(2, steps // 5),
-            max(3, 4 * steps // 5),
-            done=lambda: proc.poll() is not None,
-            extra={broker_pid: "broker"} if broker_pid else None,
-        )
-        code_ = proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    if code_:
-        raise subprocess.CalledProcessError(code_, proc.args)
-    return time.perf_counter() - start, cpu
 
 
 def breakdown(settings: KafkaSettings, run_dir: Path, policy: str) -> dict[str, list[float]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -148,3 +149,36 @@ def watch(
             time.sleep(poll_s)
         snaps.append(snapshot(step, run_dir, extra or {}))
     return StepCpu.between(*snaps)
+
+
+def measured_run(
+    argv: list[str],
+    run_dir: Path,
+    policy: str,
+    steps: int,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    extra: dict[int, str] | None = None,
+) -> tuple[float, StepCpu | None]:
+    """Run `astraflow run`'s `argv` (of `steps` steps into `run_dir`) to its end: its wall seconds,
+    and the CPU a step of its components between steps N/5 and 4N/5 (and of `extra`'s processes;
+    None if the run ended before). Raises CalledProcessError if the run fails."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        cpu = watch(
+            run_dir,
+            TrainerSteps(run_dir, policy),
+            max(2, steps // 5),
+            max(3, 4 * steps // 5),
+            done=lambda: proc.poll() is not None,
+            extra=extra,
+        )
+        code = proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if code:
+        raise subprocess.CalledProcessError(code, argv)
+    return time.perf_counter() - start, cpu

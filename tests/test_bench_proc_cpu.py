@@ -95,3 +95,28 @@ def test_the_trainer_step_is_read_from_what_was_appended_even_mid_line(tmp_path:
     with open(path, "a") as fh:
         fh.write(half[20:] + '{"id": "trainer.solver", broken\n')
     assert steps() == 4
+
+
+FAKE_RUN = """
+import json, sys, time
+from pathlib import Path
+path = Path(sys.argv[1]) / "metrics.jsonl"
+path.parent.mkdir(parents=True, exist_ok=True)
+for step in range(1, 31):
+    end = time.time() + 0.01
+    while time.time() < end:
+        pass
+    with open(path, "a") as fh:
+        fh.write(json.dumps({"component": "trainer", "id": "trainer.p", "step": step}) + "\\n")
+sys.exit(int(sys.argv[2]))
+"""
+
+
+def test_a_measured_run_is_waited_for_and_its_failure_raised(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-c", FAKE_RUN, str(run_dir), "0"]
+    wall, cost = proc_cpu.measured_run(argv, run_dir, "p", 30, tmp_path)
+    assert cost is not None and (cost.first, cost.last) >= (6, 24) and wall > 0.3
+    failing = [sys.executable, "-c", FAKE_RUN, str(tmp_path / "run2"), "3"]
+    with pytest.raises(subprocess.CalledProcessError):
+        proc_cpu.measured_run(failing, tmp_path / "run2", "p", 30, tmp_path)
