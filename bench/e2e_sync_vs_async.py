@@ -140,7 +140,7 @@ def async_run(recipe_path: Path, staleness: int, steps: int, work: Path) -> dict
     recipe_file = work / f"recipe-s{staleness}.yaml"
     recipe_file.write_text(yaml.safe_dump(data))
     run_dir = work / f"run-s{staleness}"
-    policy = yaml.safe_load(recipe_file.read_text())["policies"][0]["name"]
+    policy = load_recipe(recipe_file).policy_names[0]
     total, cpu = proc_cpu.measured_run(run_command(recipe_file, run_dir, steps), run_dir, policy, steps, REPO)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     by_step = {r["step"]: r for r in rows if r["component"] == "trainer" and r["step"] >= 1}
