@@ -66,13 +66,13 @@ def run_once(
     steps: int,
     run_dir: Path,
     bootstrap: str,
+    policy: str,
     code: Path = REPO,
     broker_pid: int | None = None,
-    policy: str = "",
 ) -> tuple[float, StepCpu | None]:
     """`astraflow run` of the checkout at `code` (its own package first on the path): its wall
-    seconds, and the CPU of each component a step between steps N/5 and 4N/5 (the broker's too,
-    given its pid; None if the run ended before)."""
+    seconds, and the CPU of each component a step between steps N/5 and 4N/5, `policy`'s trainer
+    counting them (the broker's too, given its pid; None if the run ended before)."""
     env = {**os.environ, "ASTRAFLOW_BOOTSTRAP": bootstrap, "PYTHONPATH": str(code)}
     extra = {broker_pid: "broker"} if broker_pid else None
     return proc_cpu.measured_run(
@@ -152,7 +152,7 @@ def measure(recipe_file: Path, steps: int, work: Path, code: Path) -> dict[str, 
     try:
         run_dir = work / "run"
         wall, cpu = run_once(
-            recipe_file, steps, run_dir, state.bootstrap, code, state.pid, recipe.policy_names[0]
+            recipe_file, steps, run_dir, state.bootstrap, recipe.policy_names[0], code, state.pid
         )
         settings = KafkaSettings(bootstrap=state.bootstrap, namespace=recipe.name)  # as `run` names it
         stages = breakdown(settings, run_dir, recipe.policy_names[0])

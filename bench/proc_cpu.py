@@ -1,10 +1,10 @@
 """CPU of each component of a run, per trainer step, from /proc (Linux).
 
-`StepCpu` samples the CPU time (user + system, all threads) of the run's processes, by kind (the
+`watch` snapshots the CPU time (user + system, all threads) of the run's processes, by kind (the
 `astraflow.cli` subcommand, or the broker JVM), and the machine's idle time, once when the trainer
-reaches step A and once at step B. The difference divided by B - A is what a step costs each
-component, and the machine's idle time a step is what the run left of the cores: on a machine
-where the run is CPU-bound that is what a step's wall time is made of.
+reaches step A and once at step B; `StepCpu` is the difference divided by B - A: what a step costs
+each component, and what the run left of the cores. On a machine the run keeps busy, a step's wall
+time is their sum over the cores. `measured_run` runs `astraflow run` and watches it.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class TrainerSteps:
 
     def __init__(self, run_dir: Path, policy: str) -> None:
         self.path = run_dir / "metrics.jsonl"
-        self.marker = f'"trainer.{policy}"'
+        self.marker = f'"trainer.{policy}"'.encode()
         self.offset = 0
         self.rest = b""
         self.step = 0
@@ -122,7 +122,7 @@ class TrainerSteps:
         self.offset += len(data) - len(self.rest)
         *lines, self.rest = data.split(b"\n")
         for line in lines:
-            if self.marker.encode() in line:
+            if self.marker in line:
                 try:
                     self.step = max(self.step, int(json.loads(line)["step"]))
                 except (ValueError, KeyError, TypeError):
