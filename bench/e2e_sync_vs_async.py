@@ -20,6 +20,12 @@ than torch's default of two (114-118 against 135-138 ms a step; its matrices are
 
     python -m bench.e2e_sync_vs_async [--recipe recipes/guess_number.yaml] [--steps 60]
                                       [--sync-threads 1 2] [--tool-latency MEDIAN_S SIGMA]
+                                      [--rounds 1]
+
+`--rounds K` runs the whole comparison K times in turn (sync loop, then dataflow, again), and ends
+with each dataflow mode's ratio round by round, their median and range: on a host whose speed
+drifts by several percent from one minute to the next, one pair of runs cannot tell parity from a
+few percent either way.
 
 `--tool-latency` gives every environment step of both modes a lognormal delay (`worker.tool_latency`):
 the long-tail agentic workload, where a synchronous step waits for its slowest episode.
@@ -190,8 +196,18 @@ def main() -> None:
         metavar=("MEDIAN_S", "SIGMA"),
         help="a lognormal delay for every environment step, in both modes",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the sync loop and then the dataflow this many times, alternating: each round's "
+        "ratios come from runs minutes apart, and their median and spread say what a drifting "
+        "host's single pair cannot",
+    )
     args = parser.parse_args()
-    results: dict[str, dict[str, Any]] = {}
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    rounds: list[dict[str, dict[str, Any]]] = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         recipe_path = args.recipe
@@ -204,14 +220,8 @@ def main() -> None:
             recipe_path = work / "recipe-latency.yaml"
             recipe_path.write_text(yaml.safe_dump(data))
         recipe = load_recipe(recipe_path)
-        default_threads = torch.get_num_threads()
-        for n in args.sync_threads:
-            torch.set_num_threads(n)
-            results[f"sync {n}t"] = asyncio.run(sync_run(recipe, args.steps, work / f"sync-{n}"))
-        torch.set_num_threads(default_threads)
-        sync = min(results.values(), key=lambda r: r["steps_s"])  # only sync runs so far
-        for s in args.staleness:
-            results[f"async s={s}"] = async_run(recipe_path, s, args.async_steps or args.steps, work)
+        for i in range(args.rounds):
+            rounds.append(run_round(args, recipe, recipe_path, work / f"round-{i + 1}"))
     print(f"machine: {describe()}")
     print(
         f"workload: {recipe.name}, {args.steps} steps of {recipe.trainer.batch_groups} groups x "
@@ -225,7 +235,41 @@ def main() -> None:
             f"p99 {p99 * 1000:.0f} ms (p99/p50 {p99 / lat.median_s:.1f}), mean "
             f"{lat.median_s * math.exp(lat.sigma**2 / 2) * 1000:.0f} ms"
         )
-    base = sync["steps_s"]
+    for i, results in enumerate(rounds):
+        if args.rounds > 1:
+            print(f"round {i + 1} of {args.rounds}")
+        report(results)
+        print_cpu(results)
+    if args.rounds > 1:
+        print_rounds(rounds)
+
+
+def run_round(
+    args: argparse.Namespace, recipe: Recipe, recipe_path: Path, work: Path
+) -> dict[str, dict[str, Any]]:
+    """One run of the sync loop at each of `--sync-threads`, then one dataflow run at each staleness."""
+    results: dict[str, dict[str, Any]] = {}
+    default_threads = torch.get_num_threads()
+    for n in args.sync_threads:
+        torch.set_num_threads(n)
+        results[f"sync {n}t"] = asyncio.run(sync_run(recipe, args.steps, work / f"sync-{n}"))
+    torch.set_num_threads(default_threads)
+    work.mkdir(parents=True, exist_ok=True)
+    for s in args.staleness:
+        results[f"async s={s}"] = async_run(recipe_path, s, args.async_steps or args.steps, work)
+    return results
+
+
+def per_step_ratios(results: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Each mode's seconds a step against the fastest sync run's (> 1: faster than it)."""
+    sync = min((r for mode, r in results.items() if mode.startswith("sync")), key=lambda r: r["steps_s"])
+    base = sync["steps_s"] / (len(sync["rewards"]) - 1)
+    return {mode: base / (r["steps_s"] / (len(r["rewards"]) - 1)) for mode, r in results.items()}
+
+
+def report(results: dict[str, dict[str, Any]]) -> None:
+    sync = min((r for mode, r in results.items() if mode.startswith("sync")), key=lambda r: r["steps_s"])
+    ratios = per_step_ratios(results)
     # equal reward: the time each mode took (from step 1) until its last 10 steps averaged the reward
     # of the sync run's last 10 steps
     target = float(np.mean(sync["rewards"][-10:]))
@@ -237,9 +281,9 @@ def main() -> None:
     for mode, r in results.items():
         last = [x for x in r["rewards"][-10:] if x == x]
         reach = time_to(r, target)
-        per_step = (base / (len(sync["rewards"]) - 1)) / (r["steps_s"] / (len(r["rewards"]) - 1))
         print(
-            f"{mode:12s} {len(r['rewards']):6d} {r['steps_s']:13.1f} {r['total_s']:9.1f} {per_step:10.2f} "
+            f"{mode:12s} {len(r['rewards']):6d} {r['steps_s']:13.1f} {r['total_s']:9.1f} "
+            f"{ratios[mode]:10.2f} "
             f"{(sum(last) / len(last) if last else float('nan')):15.3f} {r.get('staleness', 0.0):9.2f} "
             f"{(f'{reach:.1f}' if reach is not None else 'never'):>12s} "
             f"{(f'{sync_to / reach:.2f}' if reach and sync_to else '-'):>10s}"
@@ -248,7 +292,20 @@ def main() -> None:
         f"target: the fastest sync run's last-10-step reward, {target:.3f}; sync/this per step is the "
         "ratio of seconds a step to the fastest sync run's"
     )
-    print_cpu(results)
+
+
+def print_rounds(rounds: list[dict[str, dict[str, Any]]]) -> None:
+    """Each dataflow mode's per-step ratio to its own round's fastest sync run, round by round, with
+    the median and the range."""
+    print("sync/this per step, round by round (each against its own round's fastest sync run):")
+    for mode in rounds[0]:
+        if mode.startswith("sync"):
+            continue
+        values = [per_step_ratios(results)[mode] for results in rounds]
+        print(
+            f"{mode:12s} {' '.join(f'{v:.2f}' for v in values)}; median {float(np.median(values)):.2f}, "
+            f"range {min(values):.2f}-{max(values):.2f}"
+        )
 
 
 def print_cpu(results: dict[str, dict[str, Any]]) -> None:

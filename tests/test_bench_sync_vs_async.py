@@ -59,3 +59,37 @@ def test_ratios_are_against_the_fastest_synchronous_run(
         "CPU ms a step, async s=2 (steps 2..8): trainer 120.0, broker 110.0; all 230.0, "
         "idle cores 20.0, wall 125.0" in out
     )
+
+
+def test_rounds_alternate_the_modes_and_each_is_against_its_own_sync_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A host that slows down between rounds: each round's ratio uses that round's sync run."""
+    order: list[str] = []
+    speed = iter([0.1, 0.11, 0.2, 0.2])  # round 1: sync, async; round 2: sync, async (the host 2x slower)
+
+    async def sync_run(recipe: Any, steps: int, work: Path) -> dict[str, Any]:
+        order.append(f"sync {work.parent.name}")
+        return {**fake_result(next(speed), steps), "cpu_ms": {"generate": 1.0}}
+
+    def async_run(recipe_path: Path, staleness: int, steps: int, work: Path) -> dict[str, Any]:
+        order.append(f"async {work.name}")
+        return {**fake_result(next(speed), steps), "staleness": 2.0, "cpu": None}
+
+    monkeypatch.setattr(bench, "sync_run", sync_run)
+    monkeypatch.setattr(bench, "async_run", async_run)
+    argv = ["e2e_sync_vs_async", "--recipe", str(REPO / "recipes" / "guess_number.yaml"), "--steps", "11"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--staleness", "2", "--sync-threads", "1", "--rounds", "2"])
+    bench.main()
+    out = capsys.readouterr().out
+    assert order == ["sync round-1", "async round-1", "sync round-2", "async round-2"]
+    assert "round 1 of 2" in out and "round 2 of 2" in out
+    # 0.1 / 0.11 in round 1, 0.2 / 0.2 in round 2: not 0.1 / 0.2 across rounds
+    assert "async s=2    0.91 1.00; median 0.95, range 0.91-1.00" in out
+
+
+def test_rounds_below_one_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    argv = ["e2e_sync_vs_async", "--recipe", str(REPO / "recipes" / "guess_number.yaml"), "--rounds", "0"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit):
+        bench.main()
