@@ -47,6 +47,18 @@ log = logging.getLogger(__name__)
 #: How often the serving loop looks for new tasks and delivery acknowledgements when idle: a task
 #: waits at most this long after it is admitted (20 ms before: a tenth of a tiny recipe's step).
 POLL_TICK_S = 0.005
+#: ... until it has held no task for IDLE_AFTER_S; from then on it looks every IDLE_TICK_S, and the
+#: first task after the lull waits up to that long. 200 passes a second cost a worker with nothing to
+#: do 19 ms of CPU a second (a worker waiting in a region, a run whose trainer is busy elsewhere); in
+#: a run, tasks come every step and the loop never slows down.
+IDLE_AFTER_S = 1.0
+IDLE_TICK_S = 0.05
+
+
+def serve_tick(busy: bool, idle_for: float) -> float:
+    """How long the serving loop sleeps after a pass that found no task: POLL_TICK_S while tasks are
+    in flight or the last one came less than IDLE_AFTER_S ago, else IDLE_TICK_S."""
+    return POLL_TICK_S if busy or idle_for < IDLE_AFTER_S else IDLE_TICK_S
 
 
 def take_partitions(consumer: Any, partitions: list[Any], paused: bool) -> None:
@@ -89,6 +101,7 @@ class Worker:
         # episodes x seconds in flight, integrated by the serve loop: its growth over time and
         # max_episodes is how busy the worker was (the scaling advice reads it)
         self.episode_s, self._episodes_mark = 0.0, time.monotonic()
+        self._last_task = time.monotonic()  # when the serving loop last took a task (see serve_tick)
         self.stopping = asyncio.Event()
         self.paused = False
         self.assigned: set[int] = set()
@@ -181,12 +194,13 @@ class Worker:
             msg = self.reader.poll(0)
             if msg is not None:
                 self._on_message(msg)
+                self._last_task = now
                 continue  # drain what is ready before sleeping
             self.publisher.poll(0)
             self._report()
             # a plain sleep, not a wait_for on `stopping`: that built a task and a timer each pass and
             # cost ~1.5x the CPU of this wake-up, 200 times a second (a stop is seen by the next pass)
-            await asyncio.sleep(POLL_TICK_S)
+            await asyncio.sleep(serve_tick(bool(self.tasks), now - self._last_task))
 
     def _on_message(self, msg: Any) -> None:
         p, off = msg.partition(), msg.offset()

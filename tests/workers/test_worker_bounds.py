@@ -297,3 +297,71 @@ def test_a_groups_trajectories_go_together_but_never_wait_long_for_a_straggler(
 
     asyncio.run(main())
     assert w.pending_episodes == 0 and w.running_episodes == 0 and w.tasks == {}
+
+
+def test_the_serving_loop_slows_down_only_once_it_has_had_no_task_for_a_while() -> None:
+    tick = worker_mod.serve_tick
+    assert tick(busy=False, idle_for=0.0) == worker_mod.POLL_TICK_S  # a task just came
+    assert tick(busy=True, idle_for=60.0) == worker_mod.POLL_TICK_S  # tasks in flight, however old
+    assert tick(busy=False, idle_for=worker_mod.IDLE_AFTER_S) == worker_mod.IDLE_TICK_S
+    assert worker_mod.IDLE_TICK_S > worker_mod.POLL_TICK_S
+
+
+def test_an_idle_worker_looks_less_often_and_a_task_brings_the_fast_loop_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The serving loop's sleeps between passes: IDLE_TICK_S after a lull, POLL_TICK_S from the
+    pass that takes a task on (its delivery acknowledgements and the next tasks are served at the
+    fast rate)."""
+
+    async def episode(*args: Any) -> tuple[list[Any], int]:
+        await asyncio.Event().wait()  # still running when the loop stops
+        return [], 0
+
+    monkeypatch.setattr(worker_mod, "run_episode", episode)
+    w = _worker(tmp_path)
+    task = Task(task_id="t0", env="arithmetic", roles={"solver": "policy"}, group_size=4)
+    polls = iter([None, None, _Msg(encode(task), offset=0)])
+
+    class _Reader:
+        def poll(self, timeout: float) -> _Msg | None:
+            return next(polls, None)
+
+        def assignment(self) -> list[int]:
+            return [0]
+
+        def pause(self, partitions: list[int]) -> None: ...  # the task fills max_episodes
+
+    class _Quiet:
+        def poll(self, timeout: float) -> None: ...
+
+    slept: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(delay: float) -> None:
+        if delay:
+            slept.append(delay)
+            if len(slept) == 4:
+                w.stop()
+        await real_sleep(0)
+
+    async def main() -> None:
+        w.loop = asyncio.get_running_loop()
+        w.runtime = type("R", (), {"resolve": staticmethod(lambda task: (None, None))})()
+        w.reader = w.consumer = _Reader()  # type: ignore[assignment]
+        w.publisher = _Quiet()  # type: ignore[assignment]
+        w.dead = _Dead()  # type: ignore[assignment]
+        w._report = lambda force=False: None  # type: ignore[method-assign]
+        w._last_task = worker_mod.time.monotonic() - 2 * worker_mod.IDLE_AFTER_S  # a lull
+        monkeypatch.setattr(worker_mod.asyncio, "sleep", sleep)
+        await w._serve()
+        monkeypatch.undo()
+        in_flight.extend(w.tasks)
+        for t in w.tasks.values():
+            t.cancel()
+
+    in_flight: list[tuple[int, int]] = []
+    asyncio.run(main())
+    idle, fast = worker_mod.IDLE_TICK_S, worker_mod.POLL_TICK_S
+    assert slept == [idle, idle, fast, fast]  # two empty passes, then the task, then its tasks in flight
+    assert in_flight == [(0, 0)]  # the task taken, still running when the loop stopped
