@@ -260,15 +260,21 @@ def run_round(
     return results
 
 
+def fastest_sync(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The round's sync run with the shortest steps 2..N: the baseline of every ratio."""
+    return min((r for mode, r in results.items() if mode.startswith("sync")), key=lambda r: r["steps_s"])
+
+
 def per_step_ratios(results: dict[str, dict[str, Any]]) -> dict[str, float]:
     """Each mode's seconds a step against the fastest sync run's (> 1: faster than it)."""
-    sync = min((r for mode, r in results.items() if mode.startswith("sync")), key=lambda r: r["steps_s"])
+    sync = fastest_sync(results)
     base = sync["steps_s"] / (len(sync["rewards"]) - 1)
     return {mode: base / (r["steps_s"] / (len(r["rewards"]) - 1)) for mode, r in results.items()}
 
 
 def report(results: dict[str, dict[str, Any]]) -> None:
-    sync = min((r for mode, r in results.items() if mode.startswith("sync")), key=lambda r: r["steps_s"])
+    """One round's table: each mode's steps, times, ratio a step, reward and time to equal reward."""
+    sync = fastest_sync(results)
     ratios = per_step_ratios(results)
     # equal reward: the time each mode took (from step 1) until its last 10 steps averaged the reward
     # of the sync run's last 10 steps
