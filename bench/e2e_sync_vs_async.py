@@ -249,12 +249,12 @@ def run_round(
 ) -> dict[str, dict[str, Any]]:
     """One run of the sync loop at each of `--sync-threads`, then one dataflow run at each staleness."""
     results: dict[str, dict[str, Any]] = {}
+    work.mkdir(parents=True, exist_ok=True)
     default_threads = torch.get_num_threads()
     for n in args.sync_threads:
         torch.set_num_threads(n)
         results[f"sync {n}t"] = asyncio.run(sync_run(recipe, args.steps, work / f"sync-{n}"))
     torch.set_num_threads(default_threads)
-    work.mkdir(parents=True, exist_ok=True)
     for s in args.staleness:
         results[f"async s={s}"] = async_run(recipe_path, s, args.async_steps or args.steps, work)
     return results

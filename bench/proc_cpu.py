@@ -9,7 +9,6 @@ time is their sum over the cores. `measured_run` runs `astraflow run` and watche
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
@@ -17,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.e2e.helpers import processes_of
+from tests.e2e.helpers import TrainerSteps, processes_of
 
 KINDS = ("trainer", "streams", "worker", "feed", "run")
 HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -98,36 +97,6 @@ class StepCpu:
     @property
     def total_ms(self) -> float:
         return sum(self.by_kind.values())
-
-
-class TrainerSteps:
-    """The newest step of a policy's trainer in a run's metrics.jsonl, reading only what was
-    appended since the last call (a poll that re-read the whole file cost the machine the bench
-    measures more CPU as the run went on)."""
-
-    def __init__(self, run_dir: Path, policy: str) -> None:
-        self.path = run_dir / "metrics.jsonl"
-        self.marker = f'"trainer.{policy}"'.encode()
-        self.offset = 0
-        self.rest = b""
-        self.step = 0
-
-    def __call__(self) -> int:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                data = self.rest + fh.read()
-        except OSError:
-            return self.step
-        self.offset += len(data) - len(self.rest)
-        *lines, self.rest = data.split(b"\n")
-        for line in lines:
-            if self.marker in line:
-                try:
-                    self.step = max(self.step, int(json.loads(line)["step"]))
-                except (ValueError, KeyError, TypeError):
-                    continue
-        return self.step
 
 
 def watch(

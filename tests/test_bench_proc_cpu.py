@@ -12,6 +12,7 @@ import pytest
 
 from bench import proc_cpu
 from bench.proc_cpu import Snapshot, StepCpu, kind_of
+from tests.e2e.helpers import TrainerSteps, trainer_steps
 
 
 @pytest.mark.parametrize(
@@ -82,7 +83,7 @@ def test_a_run_that_ends_before_the_window_gives_no_measurement(tmp_path: Path) 
 
 
 def test_the_trainer_step_is_read_from_what_was_appended_even_mid_line(tmp_path: Path) -> None:
-    steps = proc_cpu.TrainerSteps(tmp_path, "solver")
+    steps = TrainerSteps(tmp_path, "solver")
     assert steps() == 0  # no metrics yet
     path = tmp_path / "metrics.jsonl"
     line = '{{"component": "trainer", "id": "trainer.{p}", "step": {s}, "values": {{}}}}\n'
@@ -95,6 +96,7 @@ def test_the_trainer_step_is_read_from_what_was_appended_even_mid_line(tmp_path:
     with open(path, "a") as fh:
         fh.write(half[20:] + '{"id": "trainer.solver", broken\n')
     assert steps() == 4
+    assert trainer_steps(tmp_path, "solver") == 4  # the one-shot read: the same lines, from the start
 
 
 FAKE_RUN = """

@@ -90,13 +90,36 @@ def processes_of(run_dir: Path) -> list[tuple[int, str]]:
     return found
 
 
+class TrainerSteps:
+    """The newest step of a policy's trainer in a run's metrics.jsonl, reading only what was
+    appended since the last call (a poll that re-read the whole file cost the machine the bench
+    measures more CPU as the run went on)."""
+
+    def __init__(self, run_dir: Path, policy: str) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self.marker = f'"trainer.{policy}"'.encode()
+        self.offset = 0
+        self.rest = b""
+        self.step = 0
+
+    def __call__(self) -> int:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = self.rest + fh.read()
+        except OSError:
+            return self.step
+        self.offset += len(data) - len(self.rest)
+        *lines, self.rest = data.split(b"\n")
+        for line in lines:
+            if self.marker in line:
+                try:
+                    self.step = max(self.step, int(json.loads(line)["step"]))
+                except (ValueError, KeyError, TypeError):
+                    continue
+        return self.step
+
+
 def trainer_steps(run_dir: Path, policy: str) -> int:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return 0
-    steps = [
-        json.loads(line)["step"]
-        for line in path.read_text().splitlines()
-        if line.strip() and f'"trainer.{policy}"' in line
-    ]
-    return max(steps, default=0)
+    """The newest step of `policy`'s trainer in the run's metrics.jsonl so far (0: none yet)."""
+    return TrainerSteps(run_dir, policy)()
