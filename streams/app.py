@@ -8,10 +8,11 @@ intermediate topic would buy no repartitioning, only cost: each 1,024-token traj
 would cross the broker once more per stage, every hop would add latency, and every hop would add
 a crash window between producing and committing. Parallelism comes from the partitions of
 `trajectories` (one streams worker per partition at most). The one place where data must change
-key is `task_stats` (a task's attempts are different groups, on different partitions): its
-per-group summaries go through an internal topic keyed by task_id to a second agent that owns
-the per-task table. Both agents run with concurrency=1 (faust issue #606: with more, faust can
-commit an offset past an in-flight event, which loses it in a crash).
+key is `task_stats` (a task's attempts are different groups): a group on the partition its task_id
+hashes to (where workers send them) is folded into the per-task table as it is emitted, and any
+other's summary goes through an internal topic keyed by task_id to a second agent on that table.
+Both agents run with concurrency=1 (faust issue #606: with more, faust can commit an offset past an
+in-flight event, which loses it in a crash).
 
 State: two Faust tables (`groups`, `bodies`; memory store, rebuilt from their changelog topics at
 start) and, with `task_stats`, a third (`task_stats`). Faust creates the changelog and internal

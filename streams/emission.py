@@ -109,6 +109,7 @@ class Emitter:
                 await self.emit(batch)
             finally:
                 self.emitting.difference_update(gid for gid, _ in batch)
+            await self.sink.publish_stats()  # after the batch: its Samples wait for none of them
 
     async def emit(self, batch: list[tuple[str, str]]) -> None:
         """Finish the groups of `batch` ((gid, action) pairs): the intents of all of them are made
@@ -141,7 +142,7 @@ class Emitter:
                 value = encode(out.batch, self.policies)
                 futures.append(await self.sink.send(out.topic, out.partition, out.key, value))
                 self.counters.inc(f"samples.out.{out.policy}", len(out.batch.items))
-            futures += await self._send_summaries(e.summaries)
+            futures += await self._send_summaries(e.summaries, e.meta["p"])
         await self.sink.send_now()
         await asyncio.gather(*futures)
         await self.delete_done_bodies()  # the tombstones written before the send are acknowledged
@@ -206,12 +207,12 @@ class Emitter:
             self.counters.inc("deadletter.count")
         if emission.letters:
             await self.sink.flush_dead()  # one wait for the group's dead letters
-        await asyncio.gather(*await self._send_summaries(emission.summaries))
+        await asyncio.gather(*await self._send_summaries(emission.summaries, emission.meta["p"]))
         self._finish(emission.gid, emission.meta)
 
-    async def _send_summaries(self, summaries: list[TaskSummary]) -> list[Any]:
-        sent = [await self.sink.send_summary(summary) for summary in summaries]
-        return [delivery for delivery in sent if delivery is not None]
+    async def _send_summaries(self, summaries: list[TaskSummary], partition: int) -> list[Any]:
+        """Deliver the summaries of a group of `partition`; the deliveries to wait for."""
+        return [d for summary in summaries for d in await self.sink.send_summary(summary, partition)]
 
     async def _maybe_fail(self, where: str, number: int, gid: str, futures: list) -> None:
         if self.failpoint == (where, number):

@@ -28,12 +28,9 @@ seconds, the append milliseconds.
 
 from __future__ import annotations
 
-import functools
 import logging
 import uuid
 from collections.abc import Iterable
-
-from aiokafka.partitioner import DefaultPartitioner
 
 from astraflow.config.kafka import KafkaSettings
 from astraflow.errors import RecordError
@@ -41,19 +38,9 @@ from astraflow.kafka import make_consumer
 from astraflow.records import Sample, SampleBatch, decode, samples_of
 
 log = logging.getLogger(__name__)
-_partitioner = DefaultPartitioner()
 #: how far before the intent's time a read-back starts (clock granularity, not skew: the
 #: Samples were stamped by the same process that wrote the intent)
 READBACK_MARGIN_MS = 2_000
-
-
-@functools.lru_cache(maxsize=4096)
-def partition_for(key: str, partitions: int) -> int:
-    """The partition of `key` as Kafka's Java client and aiokafka choose it (murmur2). Cached: every
-    Sample of a group asks with its group_id, and aiokafka's murmur2 is Python (~6 us a key: 0.4 ms
-    a step of guess_number's 64 Samples, one hash a group now)."""
-    parts = list(range(partitions))
-    return _partitioner(key.encode("utf-8"), parts, parts)
 
 
 def read_back(

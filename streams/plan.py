@@ -29,9 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from astraflow.kafka import partition_for
 from astraflow.records import Sample, SampleBatch, sample_batches
 from streams.api import Group
-from streams.emit import partition_for
 from streams.grouping import INTENT, Action, GroupCollector, OpenGroup
 from streams.pipeline import Pipeline, StageError
 from streams.stats import TaskSummary, dropped_summary

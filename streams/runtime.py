@@ -30,14 +30,14 @@ from astraflow.deadletters import DeadLetters
 from astraflow.errors import RecordError
 from astraflow.kafka import Publisher
 from astraflow.metrics import MetricsReporter
-from astraflow.records import Trajectory, encode
+from astraflow.records import Trajectory
 from streams.bounded import LRU
 from streams.emission import Emitter, failpoint_from_env
 from streams.grouping import DONE, GroupCollector
 from streams.pipeline import Pipeline
 from streams.plan import Letter, Routes
 from streams.sink import KafkaSink
-from streams.stats import fold, parse_summary, to_record
+from streams.stats import StatsTable, parse_summary
 
 log = logging.getLogger(__name__)
 EX_SOFTWARE = 70
@@ -90,7 +90,9 @@ class StreamsRuntime:
         self.commit_every_s = commit_every_s
         self.policies = frozenset(pipeline.ctx.policies)
         self.counters = pipeline.counters
-        self.max_task_stats = max_task_stats
+        self.stats = None
+        if stats_table is not None:
+            self.stats = StatsTable(stats_table, topics.task_stats, self.counters, max_task_stats)
         # bounded (streams/bounded.py): a flood of groups must not grow them without end
         self.cache: LRU[str, Trajectory] = LRU(
             max_cached_trajectories, lambda: self.counters.inc("cache.evicted")
@@ -105,9 +107,9 @@ class StreamsRuntime:
         self._was_ready = False
         self._seen_ends: tuple[float, dict[Any, int], float] = (0.0, {}, 0.0)  # the watchdog's last look
         self._orphans_deleted: set[int] = set()  # the assigned partitions whose orphan bodies are gone
-        tables = [t for t in (collector.bodies, collector.groups, stats_table) if hasattr(t, "written")]
+        tables = [t for t in (collector.bodies, collector.groups) if hasattr(t, "written")]
         self.sink = KafkaSink(
-            app, topics.samples, topics.task_updates, tables, self.dead, self.publisher, settings
+            app, topics.samples, topics.task_updates, tables, self.dead, self.publisher, settings, self.stats
         )
         routes = Routes(
             trajectories=topics.trajectories,
@@ -289,11 +291,14 @@ class StreamsRuntime:
         await self.watchdog()
         assigned = self.assigned_partitions()
         if assigned - self._orphans_deleted:  # at start-up, and after a rebalance brought partitions
+            if self.stats is not None:
+                self.stats.republish(assigned - self._orphans_deleted)
             deleted = await self.emitter.delete_orphans(assigned - self._orphans_deleted)
             if deleted:
                 log.info("deleted %d body entries a crash left to groups already done", deleted)
                 self.counters.inc("bodies.orphans_deleted", deleted)
         self._orphans_deleted = assigned
+        await self.sink.publish_stats()
         for gid, action in self.collector.due(time.time(), assigned):
             if action == "expire":
                 # a done group whose bodies wait for its tombstone's ack is kept until they are gone
@@ -328,30 +333,9 @@ class StreamsRuntime:
             self.dead.publish(msg.topic, msg.partition, msg.offset, msg.key, msg.value or b"", str(exc))
             await asyncio.get_running_loop().run_in_executor(None, self.publisher.flush, 60.0)
             return
-        task = summary["task"]
-        state, applied = fold(self.stats_table.get(task), summary)
-        if not applied:
-            self.counters.inc("task_stats.duplicates")
-            return
-        state = {**state, "at": time.time(), "p": msg.partition}  # for the eviction below
-        self.stats_table.set(task, state, msg.partition)
-        self._evict_task_stats()
-        self.written()
-        record = to_record(task, state)
-        await self.topics.task_stats.send(key=task.encode(), value=encode(record))
-        self.counters.inc("task_stats.published")
-
-    def _evict_task_stats(self) -> None:
-        """Past `max_task_stats` tasks, delete the least recently updated tenth (one scan per
-        tenth of the limit, so the cost per update stays small)."""
-        size = self.stats_table.size()
-        if size <= self.max_task_stats:
-            return
-        keep = self.max_task_stats - self.max_task_stats // 10
-        oldest = sorted(self.stats_table.items(), key=lambda kv: (kv[1] or {}).get("at", 0.0))[: size - keep]
-        for task, state in oldest:
-            self.stats_table.delete(task, (state or {}).get("p", 0))
-        self.counters.inc("task_stats.evicted", len(oldest))
+        assert self.stats is not None  # the agent runs only with the task_stats stage
+        self.stats.apply(summary, msg.partition)  # durable by the flush before the next commit
+        await self.stats.publish()
 
     # ---------------------------------------------------------------- metrics
 

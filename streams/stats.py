@@ -1,12 +1,16 @@
 """`task_stats`: per-task statistics for selective rollout and curricula (the feeder reads them).
 
-Two halves, because the groups of one task (attempts 0, 1, ...) have different group_ids and so
-arrive on different `trajectories` partitions, while the statistics must be aggregated in one place:
+Two halves, because the groups of one task (attempts 0, 1, ...) have different group_ids, while the
+statistics must be aggregated in one place, the `task_stats` table's partition that the task_id
+hashes to:
 
 1. the `task_stats` stage (inside the main pipeline) turns each group into a small summary
-   (`summarize`), which the app sends to an internal topic keyed by task_id (a repartition);
-2. an aggregator agent on that topic folds summaries into a table keyed by task_id (`fold`) and
-   publishes the running TaskStats to the compacted `task-stats` topic.
+   (`summarize`);
+2. `StatsTable` folds summaries into that table (`fold`) and publishes the running TaskStats to the
+   compacted `task-stats` topic. A group that arrived on that same partition of `trajectories`
+   (workers send every group of a task there, workers/batching.py) is folded as it is emitted
+   (streams/sink.py, `KafkaSink.send_summary`); any other summary goes through an internal topic
+   keyed by task_id (a repartition) to an agent that folds it on the partition's owner.
 
 `fold` remembers the last group_ids it applied per task, so a summary delivered twice (a restart
 re-sends it) is not counted twice. `parse_summary` checks every record of the internal topic before
@@ -22,19 +26,25 @@ reads what an older one wrote.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
+from collections.abc import Awaitable
 from typing import Any, NotRequired, TypedDict, cast
 
 import msgpack
 import numpy as np
 
 from astraflow.errors import RecordError
-from astraflow.records import TaskStats
+from astraflow.records import TaskStats, encode
 from streams.api import Group, Stage
 from streams.filters import constant
+from streams.metrics import Counters
 
 RECENT_GROUPS = 64
+#: TaskStats produced by one `StatsTable.publish` at most: after a restart every task of the table is
+#: published again, which must not hold the event loop for seconds
+PUBLISH_AT_ONCE = 1024
 MAX_SUMMARY_BYTES = 64 << 10
 MAX_ID_CHARS = 4096
 
@@ -202,6 +212,72 @@ def to_record(task_id: str, state: TaskState, now: float | None = None) -> TaskS
         last_version=max(-1, state["version"]),
         updated_at=time.time() if now is None else now,
     )
+
+
+class StatsTable:
+    """The `task_stats` table and what it publishes. `apply` folds one summary into its task's
+    running state and writes it to the table's changelog `partition` (the task's partition of the
+    internal topic, whose owner this worker is); `publish` then produces the newest TaskStats of
+    every task updated since it last ran. Past `max_tasks` the least recently updated tenth of the
+    tasks is deleted.
+
+    The table is the durable state (its writes are acknowledged before a group is done, or before
+    the summary's offset is committed); TaskStats are its publication, produced after the group's
+    Samples so that they cost the group's emission no time. A crash can lose a publication, never
+    a count: after a start or a rebalance every task of the partitions it brought is published
+    again (`republish`), and a summary delivered twice publishes its task's state again."""
+
+    def __init__(self, table: Any, topic: Any, counters: Counters, max_tasks: int) -> None:
+        self.table, self.topic, self.counters, self.max_tasks = table, topic, counters, max_tasks
+        self.dirty: dict[str, None] = {}  # the tasks to publish, in the order they were updated
+
+    def apply(self, summary: TaskSummary, partition: int) -> list[Awaitable[Any]]:
+        """Fold `summary` in; the deliveries of the table's writes (none when its group was applied
+        before: a summary delivered twice, or a group emitted again after a crash)."""
+        task = summary["task"]
+        state, applied = fold(self.table.get(task), summary)
+        self.dirty[task] = None
+        if not applied:
+            self.counters.inc("task_stats.duplicates")
+            return []
+        state = {**state, "at": time.time(), "p": partition}  # for the eviction below
+        self.table.set(task, state, partition)
+        self._evict()
+        return list(self.table.written())
+
+    def republish(self, partitions: set[int]) -> None:
+        """Publish every task of the table's `partitions` again at the next `publish`."""
+        for task, state in self.table.items():
+            if state is not None and state.get("p", 0) in partitions:
+                self.dirty[task] = None
+
+    async def publish(self, most: int = PUBLISH_AT_ONCE) -> list[Awaitable[Any]]:
+        """Produce the newest TaskStats of the tasks updated since they were last published (the
+        `most` least recently updated; the rest at the next call); their deliveries."""
+        tasks = list(itertools.islice(self.dirty, most))
+        for task in tasks:
+            del self.dirty[task]
+        sent = []
+        for task in tasks:
+            state = self.table.get(task)
+            if state is None:  # evicted meanwhile
+                continue
+            sent.append(await self.topic.send(key=task.encode(), value=encode(to_record(task, state))))
+            self.counters.inc("task_stats.published")
+        return sent
+
+    def _evict(self) -> None:
+        """Past `max_tasks` tasks, delete the least recently updated tenth (one scan per tenth of
+        the limit, so the cost per update stays small)."""
+        size = self.table.size()
+        if size <= self.max_tasks:
+            return
+        keep = self.max_tasks - self.max_tasks // 10
+        oldest = sorted(self.table.items(), key=lambda kv: (kv[1] or {}).get("at", 0.0))[: size - keep]
+        for task, state in oldest:
+            self.table.delete(task, (state or {}).get("p", 0))
+            self.dirty.pop(task, None)
+        self.counters.inc("task_stats.evicted", len(oldest))
 
 
 class TaskStatsStage(Stage):

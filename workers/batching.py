@@ -14,7 +14,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from astraflow.kafka import Publisher
+from astraflow.kafka import Publisher, partition_for
 from astraflow.records import Trajectory, batches
 
 #: The most encoded trajectories one record of `trajectories` carries (the topic takes 16 MiB): a
@@ -51,10 +51,15 @@ async def send_as_they_end(
 
 
 def send_batches(
-    publisher: Publisher, loop: asyncio.AbstractEventLoop, trajs: list[Trajectory]
+    publisher: Publisher, loop: asyncio.AbstractEventLoop, trajs: list[Trajectory], partitions: int = 0
 ) -> list[asyncio.Future[None]]:
     """Send trajectories in as few records as fit (`batches`); a future per record, settled on
-    `loop` by the broker's acknowledgement (or its refusal)."""
+    `loop` by the broker's acknowledgement (or its refusal).
+
+    Each record goes to the partition of `trajectories` that its task_id hashes to among
+    `partitions` (0: the producer's choice by group_id): every group of a task, each attempt, then
+    lands where streams keeps that task's statistics, and is folded into them without a hop through
+    Kafka (streams/sink.py, `KafkaSink.send_summary`)."""
 
     def settle(fut: asyncio.Future[None], exc: Exception | None) -> None:
         if not fut.done():
@@ -66,8 +71,12 @@ def send_batches(
 
         return delivered
 
+    tasks = {traj.group_id: traj.task_id for traj in trajs}
     futures: list[asyncio.Future[None]] = []
     for batch in batches(trajs, BATCH_BYTES):
         futures.append(loop.create_future())
-        publisher.send("trajectories", batch, key=batch.group_id, on_delivery=on_delivery(futures[-1]))
+        part = partition_for(tasks[batch.group_id], partitions) if partitions else -1
+        publisher.send(
+            "trajectories", batch, key=batch.group_id, on_delivery=on_delivery(futures[-1]), partition=part
+        )
     return futures

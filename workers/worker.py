@@ -1,8 +1,9 @@
 """`astraflow worker`: a member of the consumer group on `tasks` that turns tasks into trajectories.
 
 Dataflow: tasks (consumer group, elastic) -> episodes (many at once, one engine per policy, the torch
-engine batching across them) -> trajectories (idempotent producer, key group_id; a task's trajectories
-go together, as one TrajectoryBatch record: workers/batching.py). A task's offset is stored only when
+engine batching across them) -> trajectories (idempotent producer, key group_id, in the partition the
+task_id hashes to; a task's trajectories go together, as one TrajectoryBatch record:
+workers/batching.py). A task's offset is stored only when
 all its trajectories are acknowledged by the broker and every earlier task of its partition is done
 too (`OffsetTracker`), so a worker killed at any moment loses nothing: its tasks are re-run by
 whoever gets the partition, and the deterministic traj_ids let streams drop duplicates. Partitions
@@ -33,7 +34,7 @@ from astraflow.config import KafkaSettings, Recipe
 from astraflow.deadletters import DeadLetters, decode_or_deadletter
 from astraflow.errors import AstraFlowError
 from astraflow.failpoints import episode_delay_s
-from astraflow.kafka import Publisher, TopicReader, wait_for_topics
+from astraflow.kafka import Publisher, TopicReader, partitions_of, wait_for_topics
 from astraflow.metrics import MetricsReporter
 from astraflow.records import Task, Trajectory
 from workers.batching import send_as_they_end, send_batches
@@ -95,6 +96,7 @@ class Worker:
         self.tracker = OffsetTracker()
         self.tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
         self.pending_episodes = 0
+        self.traj_partitions = 0  # of `trajectories`, which a task's records hash among (send_batches)
         # a task's episodes queue here: at most max_episodes run at once, whatever the group_size
         self.slots = asyncio.Semaphore(self.cfg.max_episodes)
         self.running_episodes = 0
@@ -141,6 +143,11 @@ class Worker:
         if self.stopping.is_set():  # stopped before its topics existed: nothing to connect to or close
             return
         self.publisher = Publisher(self.settings)
+        self.traj_partitions = len(
+            await asyncio.to_thread(
+                partitions_of, self.publisher.producer, self.settings.topic("trajectories")
+            )
+        )
         self.dead = DeadLetters(self.publisher, "worker")
         self.metrics = MetricsReporter(
             self.publisher, "worker", self.worker_id, self.region, every_s=self.cfg.metrics_every_s
@@ -357,7 +364,7 @@ class Worker:
     def _publish(self, trajs: list[Trajectory]) -> list[asyncio.Future[None]]:
         """Send trajectories in as few records as fit (`send_batches`); a future per record, settled
         by the broker's acknowledgement (or its refusal)."""
-        futures = send_batches(self.publisher, self.loop, trajs)
+        futures = send_batches(self.publisher, self.loop, trajs, self.traj_partitions)
         self.counts["episode_errors"] += sum(t.finish_reason == "error" for t in trajs)
         self.counts["trajectories"] += len(trajs)
         return futures

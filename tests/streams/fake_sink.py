@@ -130,8 +130,11 @@ class FakeSink:
     async def send(self, topic: str, partition: int, key: bytes, value: bytes) -> Awaitable[Any]:
         return self.produce(Write(topic, partition, key, value), awaits=True)
 
-    async def send_summary(self, summary: TaskSummary) -> Awaitable[Any] | None:
-        return self.produce(Write(TASK_UPDATES, 0, summary["task"].encode(), dict(summary)), awaits=True)
+    async def send_summary(self, summary: TaskSummary, partition: int) -> list[Awaitable[Any]]:
+        return [self.produce(Write(TASK_UPDATES, 0, summary["task"].encode(), dict(summary)), awaits=True)]
+
+    async def publish_stats(self) -> None:
+        pass  # the statistics are not part of the emission protocol: their table writes are
 
     def deadletter(self, letter: Letter) -> None:
         write = Write(DEADLETTER, 0, letter.key, letter)

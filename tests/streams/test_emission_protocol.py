@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from astraflow.config.streams import GroupConfig
+from astraflow.kafka import partition_for
 from astraflow.records import Trajectory, encode
 from streams.advantages import GRPO
 from streams.api import Group, Stage, StageContext
 from streams.emission import Emitter
-from streams.emit import partition_for
 from streams.filters import ZeroVariance
 from streams.grouping import DONE, INTENT, DictTable, GroupCollector
 from streams.pipeline import Pipeline

@@ -140,3 +140,44 @@ def test_a_real_crash_still_fails_the_worker(stopping, reason):
     asyncio.run(worker._sentinel_task())
     assert worker.crash_reason is reason
     assert is_stop_race(reason) == (isinstance(reason, NotReady))
+
+
+@pytest.mark.parametrize("buffer_cls", ["faust", "ours"])
+def test_a_drain_waits_for_the_table_write_the_buffers_task_still_holds(buffer_cls):
+    """faust's buffer task takes a message off the queue, then awaits handing it to aiokafka: its
+    flush, which waits for the queue only, returns with the write still in that task's hands (a
+    `send_now` then closed aiokafka's batches without it, which sat out the linger). `drain` waits
+    for it; if faust's flush ever waits for it too, this test says so."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from faust.transport.producer import ProducerBuffer
+
+    from streams.faust_glue import _DrainableBuffer
+
+    handed: list[object] = []
+
+    class Channel:
+        async def publish_message(self, fut: object, wait: bool = False) -> None:
+            await asyncio.sleep(0.05)  # aiokafka waiting on metadata or a full batch
+            handed.append(fut)
+
+    async def main() -> None:
+        buf = (_DrainableBuffer if buffer_cls == "ours" else ProducerBuffer)()
+        buf.app = SimpleNamespace(conf=SimpleNamespace(producer_threaded=False))
+        await buf.start()
+        try:
+            write = SimpleNamespace(message=SimpleNamespace(channel=Channel()))
+            buf.put(write)
+            await asyncio.sleep(0.01)  # the buffer's task has taken it: the queue is empty
+            assert buf.size == 0 and handed == []
+            if buffer_cls == "ours":
+                await buf.drain()
+                assert handed == [write]
+            else:
+                await buf.flush()
+                assert handed == []  # faust's flush returned without it
+        finally:
+            await buf.stop()
+
+    asyncio.run(main())

@@ -9,10 +9,10 @@ from typing import Any, Literal
 import pytest
 
 from astraflow.config.streams import GroupConfig
+from astraflow.kafka import partition_for
 from astraflow.records import Trajectory, encode
 from streams.advantages import GRPO
 from streams.api import Group, Stage, StageContext
-from streams.emit import partition_for
 from streams.filters import ZeroVariance
 from streams.grouping import INTENT, PENDING, Action, OpenGroup
 from streams.pipeline import Pipeline

@@ -14,7 +14,7 @@ import pytest
 from astraflow.errors import RecordError
 from streams.metrics import Counters
 from streams.runtime import StreamsRuntime
-from streams.stats import dropped_summary, parse_summary, summarize
+from streams.stats import StatsTable, dropped_summary, parse_summary, summarize
 from streams.testing import make_group
 
 GOOD = summarize(make_group([1.0, 0.0, 1.0, 0.5], task="t7"))
@@ -73,6 +73,9 @@ class _Table(dict[str, Any]):
     def size(self) -> int:
         return len(self)
 
+    def written(self) -> list[Any]:
+        return []
+
     deleted: list[tuple[str, int]]
 
 
@@ -111,19 +114,16 @@ def _runtime(sent: list[bytes], max_task_stats: int = 100) -> Any:
     letters: list[tuple[Any, ...]] = []
     table = _Table()
     table.deleted = []
-    runtime = SimpleNamespace(
+    counters = Counters()
+    return SimpleNamespace(
         letters=letters,
-        max_task_stats=max_task_stats,
         last_event=0.0,
-        counters=Counters(),
+        counters=counters,
         stats_table=table,
-        written=lambda: [],
+        stats=StatsTable(table, SimpleNamespace(send=send), counters, max_task_stats),
         dead=SimpleNamespace(publish=lambda *a: letters.append(a)),
         publisher=SimpleNamespace(flush=lambda timeout: 0),
-        topics=SimpleNamespace(task_stats=SimpleNamespace(send=send)),
     )
-    runtime._evict_task_stats = lambda: StreamsRuntime._evict_task_stats(runtime)  # type: ignore[arg-type]
-    return runtime
 
 
 def test_the_task_stats_table_stays_bounded_and_keeps_the_recent_tasks() -> None:
@@ -162,3 +162,79 @@ def test_the_trajectory_cache_is_bounded_and_counts_evictions() -> None:
     assert counters.snapshot()["cache.evicted"] == 10_000 - 64
     assert "x9999" in cache and cache["x9936"] == 9936 and "x9935" not in cache
     assert cache.pop("x9999") == 9999 and cache.pop("x9999") is None
+
+
+def _sink(hops: list[tuple[bytes, Any]], published: list[bytes], table: _Table) -> Any:
+    from streams.sink import KafkaSink
+
+    async def hop(key: bytes, value: Any) -> str:
+        hops.append((key, value))
+        return "delivery"
+
+    async def publish(key: bytes, value: bytes) -> str:
+        published.append(key)
+        return "delivery"
+
+    stats = StatsTable(table, SimpleNamespace(send=publish), Counters(), 100)
+    updates = SimpleNamespace(partitions=8, send=hop)
+    return KafkaSink(None, {}, updates, [], None, None, None, stats)  # type: ignore[arg-type]
+
+
+def test_a_group_from_its_tasks_partition_is_folded_in_place_and_any_other_goes_through_the_topic() -> None:
+    from astraflow.kafka import partition_for
+
+    hops: list[tuple[bytes, Any]] = []
+    published: list[bytes] = []
+    table = _Table()
+    sink = _sink(hops, published, table)
+    own = partition_for("t7", 8)
+    other = (own + 1) % 8
+
+    async def main() -> None:
+        assert await sink.send_summary(GOOD, own) == []  # the table's writes (none in this fake)
+        assert (table["t7"]["groups"], table["t7"]["p"], hops, published) == (1, own, [], [])
+        await sink.publish_stats()  # after the batch's Samples: the task's newest TaskStats
+        assert published == [b"t7"]
+        await sink.send_summary(GOOD, own)  # the same group again (emitted again after a crash)
+        assert table["t7"]["groups"] == 1 and sink.stats.counters.snapshot()["task_stats.duplicates"] == 1
+        await sink.publish_stats()  # ... publishes its task again: the first may have died with it
+        assert published == [b"t7", b"t7"]
+        later = summarize(make_group([0.0, 0.0], task="t7", attempt=1))
+        assert await sink.send_summary(later, other) == ["delivery"]  # another partition's owner folds it
+        assert hops == [(b"t7", later)] and table["t7"]["groups"] == 1
+        await sink.publish_stats()
+        assert published == [b"t7", b"t7"]
+
+    asyncio.run(main())
+    assert sink.stats.counters.snapshot()["task_stats.folded_at_emission"] == 2
+
+
+def test_after_a_start_or_rebalance_the_tasks_of_the_partitions_it_brought_are_published_again() -> None:
+    published: list[bytes] = []
+    table = _Table()
+    for i in range(6):
+        table[f"t{i}"] = {**GOOD_STATE, "p": i % 3}
+    sink = _sink([], published, table)
+
+    async def main() -> None:
+        sink.stats.republish({1, 2})
+        assert await sink.stats.publish(most=3) and published == [b"t1", b"t2", b"t4"]
+        await sink.publish_stats()
+        assert published == [b"t1", b"t2", b"t4", b"t5"]
+        await sink.publish_stats()
+        assert len(published) == 4  # nothing left to publish
+
+    asyncio.run(main())
+
+
+GOOD_STATE = {
+    "groups": 1,
+    "samples": 4,
+    "reward_sum": 2.5,
+    "successes": 2,
+    "zero_variance": 0,
+    "dropped": 0,
+    "version": 0,
+    "recent": ["t7#0"],
+    "env": "arith",
+}

@@ -365,3 +365,28 @@ def test_an_idle_worker_looks_less_often_and_a_task_brings_the_fast_loop_back(
     idle, fast = worker_mod.IDLE_TICK_S, worker_mod.POLL_TICK_S
     assert slept == [idle, idle, fast, fast]  # two empty passes, then the task, then its tasks in flight
     assert in_flight == [(0, 0)]  # the task taken, still running when the loop stopped
+
+
+def test_every_group_of_a_task_goes_to_the_trajectories_partition_its_task_id_hashes_to() -> None:
+    """Where streams keeps the task's statistics, which it then folds in without a hop through Kafka
+    (streams/sink.py); with no partition count the producer picks by group_id, as before."""
+    from astraflow.kafka import partition_for
+    from streams.testing import make_traj
+
+    sent: list[tuple[str, int]] = []
+
+    class Publisher:
+        def send(self, topic: str, record: Any, key: str, on_delivery: Any, partition: int = -1) -> int:
+            sent.append((key, partition))
+            return 0
+
+    trajs = [make_traj(task, 0, attempt=a) for task in ("t0", "t1", "t2") for a in (0, 1)]
+
+    async def main() -> None:
+        batching.send_batches(Publisher(), asyncio.get_running_loop(), trajs, partitions=8)  # type: ignore[arg-type]
+        batching.send_batches(Publisher(), asyncio.get_running_loop(), trajs[:1])  # type: ignore[arg-type]
+
+    asyncio.run(main())
+    want = [(f"{task}#{a}", partition_for(task, 8)) for task in ("t0", "t1", "t2") for a in (0, 1)]
+    assert sent == [*want, ("t0#0", -1)]
+    assert len({p for _, p in want}) > 1  # the tasks do spread over the partitions
