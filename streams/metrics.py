@@ -35,6 +35,8 @@ since the previous report. Units: trajectories unless the name says otherwise.
     deadletter.count                  records sent to `deadletter`
     task_stats.published | task_stats.duplicates
                                       TaskStats records sent to `task-stats`; summaries seen twice
+    task_stats.folded_at_emission     summaries folded as their group was emitted (it came from its
+                                      task's partition), without the internal topic
 """
 
 from __future__ import annotations
