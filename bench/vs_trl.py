@@ -34,6 +34,7 @@ import argparse
 import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -129,6 +130,9 @@ def run_astraflow(init: Path, steps: int, lr: float, work: Path, seed: int = 0) 
     data = seeded(bench_recipe(yaml.safe_load(RECIPE.read_text()), init, steps, lr), seed)
     recipe_file.write_text(yaml.safe_dump(data))
     run_dir = work / "astraflow"
+    # `astraflow run` resumes the run it finds in its run dir: an earlier bench's, already at its last
+    # step, would end at once and be reported as this run (a reused --work did that once)
+    shutil.rmtree(run_dir, ignore_errors=True)
     total = timed_run("astraflow run", run_command(recipe_file, run_dir, steps), work / "astraflow.log")
     return {
         "total_s": total,

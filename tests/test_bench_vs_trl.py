@@ -160,8 +160,11 @@ def test_the_astraflow_half_is_seeded(tmp_path: Path, monkeypatch: pytest.Monkey
         raise RuntimeError("stop here")
 
     monkeypatch.setattr(vs_trl, "timed_run", fake_run)
+    earlier = tmp_path / "astraflow" / "trainer"  # a finished run of an earlier bench in the same --work
+    earlier.mkdir(parents=True)
     with pytest.raises(RuntimeError, match="stop here"):
         vs_trl.run_astraflow(tmp_path / "init", 20, 1e-4, tmp_path, seed=5)
+    assert not (tmp_path / "astraflow").exists()  # a fresh run, not that one resumed
     data = seen[0]
     assert data["seed"] == 5 and data["feeder"]["seed"] == 5
     assert data["worker"]["engine"]["args"]["seed"] == 5
