@@ -138,13 +138,14 @@ class _DrainableBuffer(ProducerBuffer):
 
 
 class _IdempotentProducer(faust_aiokafka.Producer):
+    buffer: _DrainableBuffer
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self.app.conf.producer_threaded:  # its buffer feeds another loop's queue: not drainable here
             raise ValueError("the streams' producer must not be threaded (producer_threaded)")
-        app = self.buffer.app
         self.buffer = _DrainableBuffer(loop=self.loop, beacon=self.beacon)
-        self.buffer.app = app
+        self.buffer.app = self.app  # what faust's own __init__ gives its buffer
 
     def _settings_extra(self) -> Any:
         """faust 0.15.3 (`Producer._settings_extra`) asks for acks=all and idempotence only inside

@@ -86,11 +86,11 @@ class StreamsRuntime:
         max_cached_trajectories: int = 16_384,
     ) -> None:
         self.app, self.pipeline, self.collector, self.topics = app, pipeline, collector, topics
-        self.settings, self.stats_table = settings, stats_table
+        self.settings = settings
         self.commit_every_s = commit_every_s
         self.policies = frozenset(pipeline.ctx.policies)
         self.counters = pipeline.counters
-        self.stats = None
+        self.stats: StatsTable | None = None
         if stats_table is not None:
             self.stats = StatsTable(stats_table, topics.task_stats, self.counters, max_task_stats)
         # bounded (streams/bounded.py): a flood of groups must not grow them without end
@@ -340,8 +340,8 @@ class StreamsRuntime:
     # ---------------------------------------------------------------- metrics
 
     def report(self) -> None:
-        if self.stats_table is not None:
-            self.counters.gauge("task_stats.tasks", self.stats_table.size())
+        if self.stats is not None:
+            self.counters.gauge("task_stats.tasks", self.stats.table.size())
         self.counters.gauge("cache.trajectories", len(self.cache))
         self.reporter.report(self.counters.snapshot())
         self.publisher.poll(0)

@@ -243,7 +243,7 @@ class StatsTable:
         state = {**state, "at": time.time(), "p": partition}  # for the eviction below
         self.table.set(task, state, partition)
         self._evict()
-        return list(self.table.written())
+        return self.table.written()
 
     def republish(self, partitions: set[int]) -> None:
         """Publish every task of the table's `partitions` again at the next `publish`."""
@@ -251,19 +251,22 @@ class StatsTable:
             if state is not None and state.get("p", 0) in partitions:
                 self.dirty[task] = None
 
-    async def publish(self, most: int = PUBLISH_AT_ONCE) -> list[Awaitable[Any]]:
+    async def publish(self, most: int = PUBLISH_AT_ONCE) -> int:
         """Produce the newest TaskStats of the tasks updated since they were last published (the
-        `most` least recently updated; the rest at the next call); their deliveries."""
+        `most` least recently updated; the rest at the next call). Returns how many were produced;
+        the flush before the next offset commit makes them durable."""
         tasks = list(itertools.islice(self.dirty, most))
         for task in tasks:
             del self.dirty[task]
-        sent = []
+        sent = 0
         for task in tasks:
             state = self.table.get(task)
             if state is None:  # evicted meanwhile
                 continue
-            sent.append(await self.topic.send(key=task.encode(), value=encode(to_record(task, state))))
-            self.counters.inc("task_stats.published")
+            await self.topic.send(key=task.encode(), value=encode(to_record(task, state)))
+            sent += 1
+        if sent:
+            self.counters.inc("task_stats.published", sent)
         return sent
 
     def _evict(self) -> None:
