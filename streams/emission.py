@@ -10,8 +10,11 @@ that makes a crash at any point lose no Sample and duplicate none (the protocol 
 2. the intents of the batch's other groups are written; a group whose intent a previous worker
    wrote is read back, and only its Samples that are not on the topics remain to be produced;
 3. every intent is acknowledged before any Sample is produced;
-4. the Samples and task summaries of every group are produced, and all acknowledged;
-5. only then is each group marked done, durable by the flush before the next offset commit;
+4. the Samples and task summaries of every group are produced, and all acknowledged (a summary of a
+   group on its task's partition is folded into the `task_stats` table instead, and that write is
+   acknowledged; streams/sink.py, `KafkaSink.send_summary`);
+5. only then is each group marked done, durable by the flush before the next offset commit; the
+   batch's TaskStats are published after it (`Sink.publish_stats`);
 6. its bodies are deleted once that tombstone is acknowledged (`delete_done_bodies`: by the next
    batch, after its Samples' acknowledgements, which cover the tombstones written before them,
    or by the runtime's next sweep). A crash that keeps the deletes keeps the tombstone; one that
