@@ -22,6 +22,7 @@ refuses to start without them, because Faust would otherwise consume nothing and
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -220,9 +221,12 @@ def create_app(
 
     @app.agent(source, concurrency=1, name="pipeline")
     async def pipeline_agent(stream: Any) -> None:
-        async for event in stream.events():
+        # acknowledged by the runtime: a record that brings its group complete only once the group
+        # is done (streams/runtime.py, `on_record`)
+        manual = stream.noack()
+        async for event in manual.events():
             try:
-                await runtime.on_record(event.message)
+                await runtime.on_record(event.message, functools.partial(manual.ack, event))
             except Exception as exc:
                 fatal(app, "the pipeline agent", exc)
 

@@ -14,7 +14,10 @@ that makes a crash at any point lose no Sample and duplicate none (the protocol 
    group on its task's partition is folded into the `task_stats` table instead, and that write is
    acknowledged; streams/sink.py, `KafkaSink.send_summary`);
 5. only then is each group marked done, durable by the flush before the next offset commit; the
-   batch's TaskStats are published after it (`Sink.publish_stats`);
+   batch's TaskStats are published after it (`Sink.publish_stats`). A group held in memory
+   (streams/grouping.py: its record's offset waits for it) has its record acknowledged now, so that
+   commit covers its tombstone; one that ends a batch without being done is written to the tables
+   first (`GroupCollector.persist`);
 6. its bodies are deleted once that tombstone is acknowledged (`delete_done_bodies`: by the next
    batch, after its Samples' acknowledgements, which cover the tombstones written before them,
    or by the runtime's next sweep). A crash that keeps the deletes keeps the tombstone; one that
@@ -34,6 +37,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from astraflow.records import Trajectory, decode, encode
@@ -87,7 +91,15 @@ class Emitter:
         self.unacked: dict[str, tuple[list[Any], int, list[str]]] = {}
         self.emissions = 0  # groups whose Samples were produced (the failpoints count them)
         self.tombstones_acked = 0  # groups whose done tombstones were acknowledged (before_delete)
+        # gid -> the acknowledgements of the records of a group held in memory (`hold`)
+        self.holds: dict[str, list[Callable[[], Awaitable[Any]]]] = {}
+        self._released: list[Callable[[], Awaitable[Any]]] = []
         self._wake = asyncio.Event()
+
+    def hold(self, gid: str, ack: Callable[[], Awaitable[Any]]) -> None:
+        """Acknowledge a record of the held group `gid` (its offset may then be committed) only once
+        the group is done, or written to the tables."""
+        self.holds.setdefault(gid, []).append(ack)
 
     def enqueue(self, gid: str, action: str) -> None:
         """Queue a group for the emitter (a complete group is emitted as complete, even if a
@@ -117,6 +129,10 @@ class Emitter:
     async def emit(self, batch: list[tuple[str, str]]) -> None:
         """Finish the groups of `batch` ((gid, action) pairs): the intents of all of them are made
         durable together, then all their Samples are produced and acknowledged together."""
+        await self._emit(batch)
+        await self._release(batch)  # not after a failure: that stops the worker, as a crash would
+
+    async def _emit(self, batch: list[tuple[str, str]]) -> None:
         emissions = []
         for gid, action in batch:
             emission = self.plan(gid, action)
@@ -256,7 +272,23 @@ class Emitter:
             self.cache.pop(tid, None)
         self.arrived.pop(gid, None)
         keys = self.collector.mark_done(gid, time.time())
-        self.unacked[gid] = (self.sink.written(), meta["p"], keys)
+        written = self.sink.written()
+        if keys:  # a held group has no bodies in the tables: nothing waits for its tombstone
+            self.unacked[gid] = (written, meta["p"], keys)
+        self._released += self.holds.pop(gid, [])
+
+    async def _release(self, batch: list[tuple[str, str]]) -> None:
+        """Acknowledge the records of the batch's held groups that are done; a held group that is
+        not (it waits, or the batch failed) is written to the tables first, so that no commit of its
+        record can come before its state is durable."""
+        for gid, _ in batch:
+            if gid in self.holds:
+                self.collector.persist(gid)
+                self.sink.written()  # durable by the flush before the next commit
+                self._released += self.holds.pop(gid)
+        acks, self._released = self._released, []
+        for ack in acks:
+            await ack()
 
     async def delete_done_bodies(self) -> None:
         """Delete the bodies of the groups marked done, once their tombstones are acknowledged

@@ -18,6 +18,10 @@ and lose the tombstone: the group open, its trajectories gone, their offsets lon
 waited for a re-delivery that never came. Tombstone first, a crash leaves at worst the trajectories
 of a done group, which a worker deletes once its tables are recovered.
 
+A group that one record brought complete is held in memory instead (streams/grouping.py): its
+record is acknowledged, so its offset committed, only after 3, and a crash before that delivers
+the record again, whose trajectories stand in for the bodies the tables never had.
+
 A worker that finds a group in `intent` (the previous one died between 1 and 3) reads the target
 partitions back from the intent's time onwards (`read_back`, opening SampleBatch records) and
 produces only the Samples that are not there. Samples are identified by (topic, traj_id),

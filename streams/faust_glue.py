@@ -342,6 +342,12 @@ class FaustTable:
         self.table.data.pop(key, None)
         self._futures.append(self.table.send_changelog(partition, key, None, value_serializer="raw"))
 
+    def set_local(self, key: str, value: Any) -> None:
+        self.table.data[key] = value
+
+    def delete_local(self, key: str) -> None:
+        self.table.data.pop(key, None)
+
     def items(self) -> Iterator[tuple[str, Any]]:
         return iter(list(self.table.data.items()))
 

@@ -20,6 +20,13 @@ the tables have changelogs of their own, so the other order let a crash keep the
 the tombstone). A trajectory of a `done` group is dropped as `late`; `done` entries are forgotten
 after `dedupe_ttl_s`. An `intent` found after a restart means the previous run may have produced
 some of the Samples: the app reads them back before producing the rest (see streams/emit.py).
+A group that one record brings complete (a worker's TrajectoryBatch, the usual case) skips the
+`pending` writes when the caller holds that record's offset uncommitted until the group is done
+(`add_record(..., hold=True)`): the record itself is then the group's durable state, and its meta
+and bodies stay in memory (`held`). Its first changelog write is its intent; after a crash before
+it is done, the uncommitted record is delivered again (and repairs the bodies of an intent that
+was durable). That saves three of a group's six changelog writes (its pending meta, its body
+entry and that entry's delete).
 This module only decides; it never talks to Kafka.
 """
 
@@ -99,6 +106,11 @@ class Table(Protocol):
     def set(self, key: str, value: Any, partition: int) -> None: ...
     def delete(self, key: str, partition: int) -> None: ...
     def items(self) -> Iterable[tuple[str, Any]]: ...
+    def set_local(self, key: str, value: Any) -> None:
+        """Change the in-memory data only: no changelog record."""
+
+    def delete_local(self, key: str) -> None:
+        """Delete from the in-memory data only: no changelog record."""
 
 
 class DictTable:
@@ -122,6 +134,12 @@ class DictTable:
     def items(self) -> Iterator[tuple[str, Any]]:
         return iter(list(self.data.items()))
 
+    def set_local(self, key: str, value: Any) -> None:
+        self.data[key] = value
+
+    def delete_local(self, key: str) -> None:
+        self.data.pop(key, None)
+
 
 @dataclass(frozen=True)
 class Added:
@@ -130,6 +148,7 @@ class Added:
     outcome: Literal["added", "duplicate", "late", "inconsistent"]
     ready: bool = False  # the group is complete and not yet emitted
     reason: str = ""
+    held: bool = False  # the group's state is in memory only: its record's offset must wait for it
 
 
 class GroupCollector:
@@ -137,6 +156,8 @@ class GroupCollector:
 
     def __init__(self, config: GroupConfig, groups: Table, bodies: Table) -> None:
         self.config, self.groups, self.bodies = config, groups, bodies
+        #: the open groups whose bodies are in memory only (`add_record(..., hold=True)`)
+        self.held: set[str] = set()
 
     def meta(self, gid: str) -> GroupMeta | None:
         return self.groups.get(gid)
@@ -149,7 +170,12 @@ class GroupCollector:
         return self.add_record([(traj, raw)], partition, now, offset)[0]
 
     def add_record(
-        self, items: list[tuple[Trajectory, bytes]], partition: int, now: float, offset: int = -1
+        self,
+        items: list[tuple[Trajectory, bytes]],
+        partition: int,
+        now: float,
+        offset: int = -1,
+        hold: bool = False,
     ) -> list[Added]:
         """Add the trajectories of one record (all of one group: a Trajectory, or the items of a
         TrajectoryBatch), each with its bytes. Each is `added`, a `duplicate` (its traj_id is
@@ -159,7 +185,12 @@ class GroupCollector:
         A record costs two table writes however many trajectories it holds: the group's meta, and
         one body entry under the first new traj_id holding the new trajectories' bytes (a list of
         them when there are several; see `bodies_of`). Per trajectory, the changelog writes were
-        most of the streams worker's produce calls."""
+        most of the streams worker's produce calls.
+
+        `hold`: the caller will not commit this record's offset before the group is done (or
+        `persist`ed). A record that alone brings a new group complete then costs no write at all:
+        its meta and body stay in memory, and the group is `held` (so is every Added of a record
+        of a held group: its offset must wait for the group too)."""
         if not items:
             return []
         gid = items[0][0].group_id
@@ -213,14 +244,22 @@ class GroupCollector:
             for tid, raw in repairs:
                 if tid not in have:
                     self.bodies.set(tid, raw, meta["p"])
+        held = gid in self.held
         if new:
             head = ids[len(meta["ids"])]
-            self.bodies.set(head, new[0] if len(new) == 1 else pack_run(new), meta["p"])
+            body = new[0] if len(new) == 1 else pack_run(new)
             meta = {**meta, "ids": ids, "offs": offs, "policies": policies}
-            self.groups.set(gid, meta, meta["p"])
+            if hold and found is None and len(new) == len(items) and self.ready(meta):
+                self.bodies.set_local(head, body)  # the uncommitted record is their durable copy
+                self.groups.set_local(gid, meta)
+                self.held.add(gid)
+                held = True
+            else:
+                self.bodies.set(head, body, meta["p"])
+                self.groups.set(gid, meta, meta["p"])
         ready = self.ready(meta)
         return [
-            Added(outcome, ready=ready and outcome != "inconsistent", reason=reason)  # type: ignore[arg-type]
+            Added(outcome, ready=ready and outcome != "inconsistent", reason=reason, held=held)  # type: ignore[arg-type]
             for outcome, reason in outcomes
         ]
 
@@ -292,7 +331,29 @@ class GroupCollector:
         meta: OpenGroup = self.groups.get(gid)
         keys = [tid for tid in meta["ids"] if self.bodies.get(tid) is not None]
         self.groups.set(gid, DoneGroup(p=meta["p"], state=DONE, at=now), meta["p"])
+        if gid in self.held:  # its bodies were never written to the changelog
+            self.held.discard(gid)
+            for key in keys:
+                self.bodies.delete_local(key)
+            return []
         return keys
+
+    def persist(self, gid: str) -> bool:
+        """Write a held group's meta and bodies to the changelog, so that its record's offset may be
+        committed before the group is done (the flush before that commit makes them durable).
+        False if the group is not held."""
+        if gid not in self.held:
+            return False
+        self.held.discard(gid)
+        meta: OpenGroup | None = self.groups.get(gid)
+        if meta is None:  # its partition was taken away with its in-memory state: nothing to keep
+            return False
+        for key in meta["ids"]:
+            body = self.bodies.get(key)
+            if body is not None:
+                self.bodies.set(key, body, meta["p"])
+        self.groups.set(gid, meta, meta["p"])
+        return True
 
     def delete_bodies(self, gid: str, keys: Iterable[str], partition: int) -> int:
         """Delete the body entries `keys` of the done group `gid` (one delete per entry still

@@ -2,8 +2,9 @@
 the pure algorithms.
 
 - `on_record`: validate each trajectory of a record (one, or a worker's batch of one group's; bad ->
-  `deadletter`), add them to the group table (two writes a record), queue the group for emission
-  when complete.
+  `deadletter`), add them to the group table (two writes a record, none for a record that brings
+  its group complete: that record is acknowledged only once the group is done, so it stays the
+  group's durable copy until then), queue the group for emission when complete.
 - `sweep` (a timer): once the tables of newly assigned partitions are recovered, delete the bodies a
   crash left to groups already done; queue groups whose timeout passed, or that became complete
   without a new event (after a restart); forget emitted groups past their dedupe TTL; delete the
@@ -12,7 +13,8 @@ the pure algorithms.
   sink of streams/sink.py.
 
 Only the emitter emits. A group queued but not yet emitted is safe in a crash: its table entry is
-flushed before its source offsets are committed, and the sweep queues it again after the restart.
+flushed before its source offsets are committed, and the sweep queues it again after the restart;
+a group held in memory has no committed offset yet, and its record comes again.
 A trajectory of a group being emitted is dropped as the duplicate or the late arrival it is.
 """
 
@@ -22,6 +24,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,8 +144,21 @@ class StreamsRuntime:
 
     # ---------------------------------------------------------------- trajectories
 
-    async def on_record(self, msg: Any) -> None:
-        """One record of `trajectories`: a Trajectory, or a TrajectoryBatch of one group's."""
+    async def on_record(self, msg: Any, ack: Callable[[], Awaitable[Any]] | None = None) -> None:
+        """One record of `trajectories`: a Trajectory, or a TrajectoryBatch of one group's.
+
+        `ack` acknowledges the record (its offset may then be committed): called before this
+        returns, or, for a record of a group held in memory (streams/grouping.py, `add_record`),
+        by the emitter once that group is done. Without `ack` nothing is held."""
+        held = await self._on_record(msg, ack is not None)
+        if ack is not None:
+            if held is not None:
+                self.emitter.hold(held, ack)
+            else:
+                await ack()
+
+    async def _on_record(self, msg: Any, hold: bool) -> str | None:
+        """`on_record`; returns the held group that the record's acknowledgement must wait for."""
         c = self.counters
         self.last_event = time.monotonic()
         c.inc("records.in")
@@ -156,19 +172,27 @@ class StreamsRuntime:
             await self.deadletter(
                 Letter(msg.topic, msg.partition, msg.offset, msg.key, msg.value or b"", str(exc))
             )
-            return
+            return None
         finally:
             c.observe("stage.validate.latency_ms", (time.perf_counter() - t0) * 1000.0)
         sent = self.dead.count
-        await self.on_trajectories(msg, items)
+        held = await self.on_trajectories(msg, items, hold)
         if self.dead.count != sent:  # a batch's bad trajectories: one wait for all their dead letters
             await self.sink.flush_dead()
+        # a record of a held group, even a copy the group stage dropped, waits for the group: its
+        # offset must not be committed while the group's state is in memory only (asked again after
+        # the wait for dead letters, during which the emitter may have finished the group)
+        return held if held is not None and held in self.collector.held else None
 
-    async def on_trajectories(self, msg: Any, items: list[tuple[bytes, Trajectory | RecordError]]) -> None:
+    async def on_trajectories(
+        self, msg: Any, items: list[tuple[bytes, Trajectory | RecordError]], hold: bool = False
+    ) -> str | None:
         """The trajectories of the record `msg`, each with its bytes, checked or why it was refused
-        (dead-lettered alone, without waiting: `on_record` waits once)."""
+        (dead-lettered alone, without waiting: `on_record` waits once). `hold`: see
+        `GroupCollector.add_record`; returns the record's group if it is held."""
         c = self.counters
         kept: list[tuple[Trajectory, bytes]] = []
+        gid = None
         for raw, traj in items:
             c.inc("trajectories.in")
             c.inc("stage.validate.in")
@@ -179,6 +203,7 @@ class StreamsRuntime:
                 )
                 continue
             c.inc("stage.validate.out")
+            gid = traj.group_id
             self.pipeline.ctx.versions.observe(traj)
             c.inc("stage.group.in")
             if traj.group_id in self.emitter.emitting:  # its group's Samples are being produced without it
@@ -189,7 +214,7 @@ class StreamsRuntime:
                 continue
             kept.append((traj, raw))
         now = time.time()
-        added = self.collector.add_record(kept, msg.partition, now, msg.offset)
+        added = self.collector.add_record(kept, msg.partition, now, msg.offset, hold=hold)
         self.written()  # durable by the flush before the next commit
         for (traj, raw), result in zip(kept, added, strict=True):
             if result.outcome == "inconsistent":
@@ -206,6 +231,9 @@ class StreamsRuntime:
                 self.arrived[traj.group_id] = now
         if any(result.ready for result in added):
             self.emitter.enqueue(kept[0][0].group_id, "complete")
+        if any(result.held and result.outcome == "added" for result in added):
+            c.inc("groups.held")  # complete in this record: no table writes before its intent
+        return gid if gid in self.collector.held else None
 
     # ---------------------------------------------------------------- sweep
 

@@ -124,6 +124,27 @@ class StreamsHarness:
         assert not errors, errors
         return [where[i] for i in range(len(items))]
 
+    def uncommitted(self, topic: str = "trajectories", group: str = "streams") -> dict[int, int]:
+        """partition -> records of `topic` past the offset the streams' consumer group committed
+        (only partitions with any)."""
+        from confluent_kafka import TopicPartition
+
+        from astraflow.kafka import make_consumer
+
+        name = self.kafka.topic(topic)
+        consumer = make_consumer(self.kafka, group, **{"enable.auto.commit": False})
+        try:
+            parts = consumer.list_topics(name, timeout=10).topics[name].partitions
+            tps = consumer.committed([TopicPartition(name, p) for p in parts], timeout=10)
+            out = {}
+            for tp in tps:
+                end = consumer.get_watermark_offsets(TopicPartition(name, tp.partition), timeout=10)[1]
+                if end > max(tp.offset, 0):
+                    out[tp.partition] = end - max(tp.offset, 0)
+            return out
+        finally:
+            consumer.close()
+
     def read(
         self, topic: str, *, expect: int | None = None, timeout: float = 60.0, settle: float = 3.0
     ) -> list[Any]:

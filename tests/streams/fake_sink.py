@@ -13,6 +13,8 @@ buffered records die with it; of the ones in flight, `keep` decides which reache
 anyway. Records of different topics travel in different produce requests, so any split is
 possible; the five of `KEEP` are the extremes (none, all, only table changelogs, only topic
 records) and the split between the two tables of streams/grouping.py (only the bodies' changelog).
+`before_crash`, if set, runs just before the crash: an offset commit there (its flush makes every
+record produced so far durable) is what a crash leaves at the other extreme.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class FakeSink:
         self.pending: list[Write] = []  # in flight: may reach the broker even if the process dies
         self.steps: list[str] = []
         self.crashed = False
+        self.before_crash: Callable[[], None] | None = None
         self.table_writes: list[Awaitable[Any]] = []  # deliveries `written` has not handed out yet
 
     # the process, step by step
@@ -100,6 +103,8 @@ class FakeSink:
             self.buffered = []
         self.steps.append(name)
         if len(self.steps) == self.crash_at:
+            if self.before_crash is not None:
+                self.before_crash()
             self.crashed = True
             self.broker.log += [w for w in self.pending if self.keep(w)]
             self.pending, self.buffered = [], []
@@ -193,6 +198,12 @@ class FakeTable:
     def delete(self, key: str, partition: int) -> None:
         self.data.pop(key, None)
         self.sink.table_writes.append(self.sink.produce(Write(CHANGELOG + self.name, partition, key, None)))
+
+    def set_local(self, key: str, value: Any) -> None:
+        self.data[key] = value
+
+    def delete_local(self, key: str) -> None:
+        self.data.pop(key, None)
 
     def items(self) -> Iterator[tuple[str, Any]]:
         return iter(list(self.data.items()))

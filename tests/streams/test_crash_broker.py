@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from astraflow.records import TrajectoryBatch, encode
 from streams.testing import make_traj
 from tests.streams.conftest import MakeHarness, StreamsHarness
 
@@ -24,13 +25,17 @@ GROUP = {"timeout_s": 300}
 SIZE = 4
 
 
-def groups(first: int, n: int, interleave: bool = True) -> list:
+def groups(first: int, n: int, interleave: bool = True, batch: bool = False) -> list:
     """n groups of SIZE trajectories, members of consecutive groups interleaved so that many
-    groups are pending at any moment."""
+    groups are pending at any moment; or, `batch`, each group as one TrajectoryBatch record (as
+    workers send them: such a group is held in memory, its record acknowledged once it is done)."""
     trajs = [
         [make_traj(f"task{g}", i, group_size=SIZE, rewards=float((g + i) % 3 == 0)) for i in range(SIZE)]
         for g in range(first, first + n)
     ]
+    if batch:
+        batches = [TrajectoryBatch(group_id=grp[0].group_id, items=[encode(t) for t in grp]) for grp in trajs]
+        return [(b.group_id.encode(), b) for b in batches]
     if not interleave:
         return [(t.group_id.encode(), t) for grp in trajs for t in grp]
     return [(grp[i].group_id.encode(), grp[i]) for i in range(SIZE) for grp in trajs]
@@ -54,12 +59,14 @@ def killed_group(text: str, where: str) -> str:
     return found.group(1)
 
 
-def test_sigkill_inside_an_emission_then_restart(streams_harness: MakeHarness) -> None:
+@pytest.mark.parametrize("batch", [False, True], ids=["trajectories", "held-batches"])
+def test_sigkill_inside_an_emission_then_restart(streams_harness: MakeHarness, batch: bool) -> None:
     h = streams_harness(["policy"], PIPELINE, group=GROUP)
     # 1: dies after half of the 3rd group's Samples are acknowledged (intent written, 2 of 4 out);
     #    the groups emitted in the same batch are left with their intents and none of their Samples
+    #    (held groups: and without their bodies, which their records, uncommitted, bring again)
     w = h.start(extra_env={"ASTRAFLOW_STREAMS_FAILPOINT": "mid_emit:3"})
-    h.send(groups(0, 10, interleave=False))
+    h.send(groups(0, 10, interleave=False, batch=batch))
     assert w.proc.wait(60) == -signal.SIGKILL
     half = killed_group(w.text(), "mid_emit")
     # 2: recovers the interrupted groups from the read-back, then dies after the Samples of its
@@ -84,6 +91,7 @@ def test_sigkill_inside_an_emission_then_restart(streams_harness: MakeHarness) -
     values = h.last_metrics("w2", until=lambda v: v.get("groups.recovered", 0) >= 1)
     assert values["samples.recovered"] >= SIZE  # at least that group's, which were all out already
     assert h.stop(w2) == 0
+    assert h.uncommitted() == {}  # every record committed, the held ones once their groups were done
 
 
 def test_sigkill_between_the_tombstones_and_the_deletes_of_the_bodies(streams_harness: MakeHarness) -> None:
@@ -107,18 +115,21 @@ def test_sigkill_between_the_tombstones_and_the_deletes_of_the_bodies(streams_ha
     assert bodies and not {k: v for k, v in bodies.items() if v is not None}  # every entry deleted
 
 
-def test_random_sigkills_while_data_flows(streams_harness: MakeHarness) -> None:
+@pytest.mark.parametrize("batch", [False, True], ids=["trajectories", "held-batches"])
+def test_random_sigkills_while_data_flows(streams_harness: MakeHarness, batch: bool) -> None:
     h = streams_harness(["policy"], PIPELINE, group=GROUP)
     n_groups = 120
-    items = groups(0, n_groups)
+    items = groups(0, n_groups, batch=batch)
     rng = random.Random(4)
     stop = threading.Event()
 
+    chunk = 4 if batch else 16  # four groups a send either way
+
     def feed() -> None:  # ~8 s of steady input, in small interleaved batches
-        for start in range(0, len(items), 16):
+        for start in range(0, len(items), chunk):
             if stop.is_set():
                 return
-            h.send(items[start : start + 16])
+            h.send(items[start : start + chunk])
             time.sleep(0.25)
 
     w = h.start()
@@ -135,3 +146,4 @@ def test_random_sigkills_while_data_flows(streams_harness: MakeHarness) -> None:
         stop.set()
     assert_exactly_once(h, n_groups)
     assert h.stop(w) == 0
+    assert h.uncommitted() == {}

@@ -175,3 +175,45 @@ def test_orphans_are_the_bodies_of_done_groups_only() -> None:
     assert [(k, p) for k, v, p in c.bodies.writes if v is None] == [("done#0#0", 4), ("done#0#2", 4)]
     assert c.delete_orphans(unacked={"unacked#0"}) == 1 and "other#0#0" not in c.bodies.data
     assert c.delete_orphans() == 1 and set(c.bodies.data) == {"meta_lost#0#0", "open#0#0", "open#0#1"}
+
+
+def test_a_held_record_that_brings_its_group_complete_writes_nothing_until_the_intent() -> None:
+    c = collector()
+    t = [make_traj("t0", i, group_size=3) for i in range(3)]
+    added = c.add_record([(x, encode(x)) for x in t], 4, 1.0, offset=9, hold=True)
+    assert [(a.outcome, a.ready, a.held) for a in added] == [("added", True, True)] * 3
+    assert c.held == {"t0#0"} and c.groups.writes == [] and c.bodies.writes == []
+    assert [body for _, body in c.bodies_of("t0#0")] == [encode(x) for x in t]  # in memory
+    assert c.due(now=2.0) == [("t0#0", "complete")]
+    # a copy of the record while it is held: a duplicate, held too (its offset waits as well)
+    again = c.add_record([(x, encode(x)) for x in t], 4, 1.5, offset=10, hold=True)
+    assert [(a.outcome, a.held) for a in again] == [("duplicate", True)] * 3 and c.bodies.writes == []
+    c.mark_intent("t0#0", at=2.0, targets=[])
+    assert [(k, v["state"], p) for k, v, p in c.groups.writes] == [("t0#0", INTENT, 4)]
+    assert c.groups.writes[0][1]["ids"] == [x.traj_id for x in t]  # the intent carries the whole meta
+    assert c.mark_done("t0#0", now=3.0) == []  # no bodies to delete from the changelog
+    assert c.held == set() and c.bodies.data == {} and c.bodies.writes == []
+    assert c.add_record([(t[0], encode(t[0]))], 4, 4.0, hold=True)[0].outcome == "late"
+
+
+def test_only_a_record_that_alone_completes_a_new_group_is_held() -> None:
+    c = collector()
+    t = [make_traj("t0", i, group_size=3) for i in range(3)]
+    part = c.add_record([(x, encode(x)) for x in t[:2]], 0, 1.0, hold=True)
+    assert not any(a.held for a in part) and len(c.groups.writes) == len(c.bodies.writes) == 1
+    rest = c.add_record([(t[2], encode(t[2]))], 0, 2.0, hold=True)  # completes an open group
+    assert rest[0].ready and not rest[0].held and c.held == set()
+    odd = [make_traj("t1", i, group_size=3) for i in range(3)]
+    odd[2] = make_traj("t1", 2, group_size=4)  # inconsistent with its group: not all added
+    assert not any(a.held for a in c.add_record([(x, encode(x)) for x in odd], 0, 3.0, hold=True))
+    assert c.held == set()
+
+
+def test_persist_writes_a_held_group_to_the_tables() -> None:
+    c = collector()
+    t = [make_traj("t0", i, group_size=2) for i in range(2)]
+    c.add_record([(x, encode(x)) for x in t], 1, 1.0, offset=3, hold=True)
+    assert c.persist("t0#0") and not c.persist("t0#0")  # once; then it is an ordinary open group
+    assert [(k, p) for k, _, p in c.groups.writes] == [("t0#0", 1)]
+    assert [(k, p) for k, _, p in c.bodies.writes] == [("t0#0#0", 1)]  # the one entry holding both
+    assert c.mark_done("t0#0", now=2.0) == ["t0#0#0"]  # deleted from the changelog once acknowledged
