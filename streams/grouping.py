@@ -148,7 +148,6 @@ class Added:
     outcome: Literal["added", "duplicate", "late", "inconsistent"]
     ready: bool = False  # the group is complete and not yet emitted
     reason: str = ""
-    held: bool = False  # the group's state is in memory only: its record's offset must wait for it
 
 
 class GroupCollector:
@@ -189,8 +188,8 @@ class GroupCollector:
 
         `hold`: the caller will not commit this record's offset before the group is done (or
         `persist`ed). A record that alone brings a new group complete then costs no write at all:
-        its meta and body stay in memory, and the group is `held` (so is every Added of a record
-        of a held group: its offset must wait for the group too)."""
+        its meta and body stay in memory, and the group is in `held` (as long as it is, the offset
+        of any record of the group must wait for it)."""
         if not items:
             return []
         gid = items[0][0].group_id
@@ -244,7 +243,6 @@ class GroupCollector:
             for tid, raw in repairs:
                 if tid not in have:
                     self.bodies.set(tid, raw, meta["p"])
-        held = gid in self.held
         if new:
             head = ids[len(meta["ids"])]
             body = new[0] if len(new) == 1 else pack_run(new)
@@ -253,13 +251,12 @@ class GroupCollector:
                 self.bodies.set_local(head, body)  # the uncommitted record is their durable copy
                 self.groups.set_local(gid, meta)
                 self.held.add(gid)
-                held = True
             else:
                 self.bodies.set(head, body, meta["p"])
                 self.groups.set(gid, meta, meta["p"])
         ready = self.ready(meta)
         return [
-            Added(outcome, ready=ready and outcome != "inconsistent", reason=reason, held=held)  # type: ignore[arg-type]
+            Added(outcome, ready=ready and outcome != "inconsistent", reason=reason)  # type: ignore[arg-type]
             for outcome, reason in outcomes
         ]
 
@@ -345,9 +342,7 @@ class GroupCollector:
         if gid not in self.held:
             return False
         self.held.discard(gid)
-        meta: OpenGroup | None = self.groups.get(gid)
-        if meta is None:  # its partition was taken away with its in-memory state: nothing to keep
-            return False
+        meta: OpenGroup = self.groups.get(gid)
         for key in meta["ids"]:
             body = self.bodies.get(key)
             if body is not None:

@@ -176,20 +176,20 @@ class StreamsRuntime:
         finally:
             c.observe("stage.validate.latency_ms", (time.perf_counter() - t0) * 1000.0)
         sent = self.dead.count
-        held = await self.on_trajectories(msg, items, hold)
+        gid = await self.on_trajectories(msg, items, hold)
         if self.dead.count != sent:  # a batch's bad trajectories: one wait for all their dead letters
             await self.sink.flush_dead()
         # a record of a held group, even a copy the group stage dropped, waits for the group: its
-        # offset must not be committed while the group's state is in memory only (asked again after
-        # the wait for dead letters, during which the emitter may have finished the group)
-        return held if held is not None and held in self.collector.held else None
+        # offset must not be committed while the group's state is in memory only (asked after the
+        # wait for dead letters, during which the emitter may have finished the group)
+        return gid if gid in self.collector.held else None
 
     async def on_trajectories(
         self, msg: Any, items: list[tuple[bytes, Trajectory | RecordError]], hold: bool = False
     ) -> str | None:
         """The trajectories of the record `msg`, each with its bytes, checked or why it was refused
         (dead-lettered alone, without waiting: `on_record` waits once). `hold`: see
-        `GroupCollector.add_record`; returns the record's group if it is held."""
+        `GroupCollector.add_record`. Returns the record's group_id (None if no trajectory was valid)."""
         c = self.counters
         kept: list[tuple[Trajectory, bytes]] = []
         gid = None
@@ -231,9 +231,9 @@ class StreamsRuntime:
                 self.arrived[traj.group_id] = now
         if any(result.ready for result in added):
             self.emitter.enqueue(kept[0][0].group_id, "complete")
-        if any(result.held and result.outcome == "added" for result in added):
+        if gid in self.collector.held and any(result.outcome == "added" for result in added):
             c.inc("groups.held")  # complete in this record: no table writes before its intent
-        return gid if gid in self.collector.held else None
+        return gid
 
     # ---------------------------------------------------------------- sweep
 

@@ -18,7 +18,7 @@ import yaml
 from astraflow.config import KafkaSettings
 from astraflow.records import Record, SampleBatch, decode, encode, samples_of
 from tests.conftest import MakeTopics, streams_cmd, subprocess_env
-from tests.kafka_helpers import read_messages
+from tests.kafka_helpers import committed, end_offsets, read_messages
 
 READY_MARK = "[^Worker]: Ready"
 
@@ -127,23 +127,9 @@ class StreamsHarness:
     def uncommitted(self, topic: str = "trajectories", group: str = "streams") -> dict[int, int]:
         """partition -> records of `topic` past the offset the streams' consumer group committed
         (only partitions with any)."""
-        from confluent_kafka import TopicPartition
-
-        from astraflow.kafka import make_consumer
-
-        name = self.kafka.topic(topic)
-        consumer = make_consumer(self.kafka, group, **{"enable.auto.commit": False})
-        try:
-            parts = consumer.list_topics(name, timeout=10).topics[name].partitions
-            tps = consumer.committed([TopicPartition(name, p) for p in parts], timeout=10)
-            out = {}
-            for tp in tps:
-                end = consumer.get_watermark_offsets(TopicPartition(name, tp.partition), timeout=10)[1]
-                if end > max(tp.offset, 0):
-                    out[tp.partition] = end - max(tp.offset, 0)
-            return out
-        finally:
-            consumer.close()
+        done = {p: max(offset, 0) for p, offset in committed(self.kafka, group, topic).items()}
+        ends = end_offsets(self.kafka, topic)
+        return {p: end - done.get(p, 0) for p, end in ends.items() if end > done.get(p, 0)}
 
     def read(
         self, topic: str, *, expect: int | None = None, timeout: float = 60.0, settle: float = 3.0

@@ -181,13 +181,13 @@ def test_a_held_record_that_brings_its_group_complete_writes_nothing_until_the_i
     c = collector()
     t = [make_traj("t0", i, group_size=3) for i in range(3)]
     added = c.add_record([(x, encode(x)) for x in t], 4, 1.0, offset=9, hold=True)
-    assert [(a.outcome, a.ready, a.held) for a in added] == [("added", True, True)] * 3
+    assert [(a.outcome, a.ready) for a in added] == [("added", True)] * 3
     assert c.held == {"t0#0"} and c.groups.writes == [] and c.bodies.writes == []
     assert [body for _, body in c.bodies_of("t0#0")] == [encode(x) for x in t]  # in memory
     assert c.due(now=2.0) == [("t0#0", "complete")]
     # a copy of the record while it is held: a duplicate, held too (its offset waits as well)
     again = c.add_record([(x, encode(x)) for x in t], 4, 1.5, offset=10, hold=True)
-    assert [(a.outcome, a.held) for a in again] == [("duplicate", True)] * 3 and c.bodies.writes == []
+    assert [a.outcome for a in again] == ["duplicate"] * 3 and c.held == {"t0#0"} and c.bodies.writes == []
     c.mark_intent("t0#0", at=2.0, targets=[])
     assert [(k, v["state"], p) for k, v, p in c.groups.writes] == [("t0#0", INTENT, 4)]
     assert c.groups.writes[0][1]["ids"] == [x.traj_id for x in t]  # the intent carries the whole meta
@@ -200,12 +200,13 @@ def test_only_a_record_that_alone_completes_a_new_group_is_held() -> None:
     c = collector()
     t = [make_traj("t0", i, group_size=3) for i in range(3)]
     part = c.add_record([(x, encode(x)) for x in t[:2]], 0, 1.0, hold=True)
-    assert not any(a.held for a in part) and len(c.groups.writes) == len(c.bodies.writes) == 1
+    assert c.held == set() and len(c.groups.writes) == len(c.bodies.writes) == 1
+    assert [a.outcome for a in part] == ["added"] * 2
     rest = c.add_record([(t[2], encode(t[2]))], 0, 2.0, hold=True)  # completes an open group
-    assert rest[0].ready and not rest[0].held and c.held == set()
+    assert rest[0].ready and c.held == set()
     odd = [make_traj("t1", i, group_size=3) for i in range(3)]
     odd[2] = make_traj("t1", 2, group_size=4)  # inconsistent with its group: not all added
-    assert not any(a.held for a in c.add_record([(x, encode(x)) for x in odd], 0, 3.0, hold=True))
+    c.add_record([(x, encode(x)) for x in odd], 0, 3.0, hold=True)
     assert c.held == set()
 
 
