@@ -26,6 +26,7 @@ import functools
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from astraflow.topics import samples as samples_topic
 from streams.api import StageContext
 from streams.grouping import GroupCollector
 from streams.pipeline import build_pipeline
+from streams.recovery_watch import inject_stall, stall_failpoint
 
 log = logging.getLogger(__name__)
 
@@ -216,8 +218,12 @@ def create_app(
         commit_every_s=cfg.commit_every_s,
         max_task_stats=cfg.max_task_stats,
         max_cached_trajectories=cfg.max_cached_trajectories,
+        recovery_stall_s=cfg.recovery_stall_s,
     )
     app.astraflow = runtime
+    app.watch = lambda: runtime.recovery_watch.check(time.monotonic())
+    if stall_failpoint():
+        inject_stall(app)
 
     @app.agent(source, concurrency=1, name="pipeline")
     async def pipeline_agent(stream: Any) -> None:

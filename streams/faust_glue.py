@@ -31,7 +31,7 @@ override which faust bug or limitation it works around.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import metadata
 from typing import Any
 
@@ -39,8 +39,10 @@ import faust
 import msgpack
 from aiokafka.producer.message_accumulator import MessageAccumulator
 from faust.serializers import codecs
+from faust.tables.recovery import Recovery
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.transport.producer import ProducerBuffer
+from mode import Service
 
 #: The releases whose internals the overrides here were read against and the crash tests ran with.
 #: `_IdempotentProducer` (`_settings_extra`, `buffer` and its `_send_pending` and `_handle_pending`,
@@ -49,7 +51,8 @@ from faust.transport.producer import ProducerBuffer
 #: `_acked_index`, `_committed_offset`), `AstraFaustApp` (`_new_transport`,
 #: `_new_producer_transport`), `QuietWorker` (mode's `_sentinel_task`, `_crash`, `_stopped`) and
 #: `make_table` (`_new_changelog_topic`) lean on private code that a new release may move without
-#: a word; the exactly-once protocol would then break silently.
+#: a word; the exactly-once protocol would then break silently. streams/recovery_watch.py reads
+#: the table recovery's `in_recovery`, `active_offsets` and `active_highwaters`.
 TESTED = {"faust-streaming": ("0.15.3",), "mode-streaming": ("0.7.1",), "aiokafka": ("0.13", "0.14")}
 
 #: The private methods overridden or called here, on the classes that define them: a release that
@@ -64,6 +67,7 @@ LEANED_ON = (
     (faust.Table, "_new_changelog_topic"),
     (MessageAccumulator, "flush_for_commit"),
     (ProducerBuffer, "_send_pending"),
+    (Recovery, "active_remaining"),
 )
 
 
@@ -253,7 +257,21 @@ class _Transport(faust_aiokafka.Transport):
 class AstraFaustApp(faust.App):
     """faust.App with an idempotent producer whose flush really flushes, and a consumer that commits
     only what was processed. faust 0.15.3 has no setting for its transport's Producer and Consumer
-    classes: the private factories of the app's transports are the one place to put ours."""
+    classes: the private factories of the app's transports are the one place to put ours.
+
+    `watch`, if set, runs every `watch_every_s` from the app's start: the app's own tasks and
+    timers start only once its first table recovery is done (`App.on_started`), so a check of that
+    recovery (streams/recovery_watch.py) cannot be one of them."""
+
+    watch: Callable[[], None] | None = None
+    watch_every_s = 1.0
+
+    @Service.task
+    async def _watch(self) -> None:
+        while not self.should_stop:
+            if self.watch is not None:
+                self.watch()
+            await self.sleep(self.watch_every_s)
 
     def _new_transport(self) -> Any:
         return _Transport(self.conf.broker_consumer, self)

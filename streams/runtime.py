@@ -30,7 +30,7 @@ from typing import Any
 
 from astraflow.config.kafka import KafkaSettings
 from astraflow.deadletters import DeadLetters
-from astraflow.errors import RecordError
+from astraflow.errors import AstraFlowError, RecordError
 from astraflow.kafka import Publisher
 from astraflow.metrics import MetricsReporter
 from astraflow.records import Trajectory
@@ -39,6 +39,7 @@ from streams.emission import Emitter, failpoint_from_env
 from streams.grouping import DONE, GroupCollector
 from streams.pipeline import Pipeline
 from streams.plan import Letter, Routes
+from streams.recovery_watch import RecoveryWatch
 from streams.sink import KafkaSink
 from streams.stats import StatsTable, parse_summary
 
@@ -61,6 +62,10 @@ def fatal(app: Any, where: str, exc: BaseException) -> None:
     log.critical("streams: fatal error in %s: %s: %s", where, type(exc).__name__, exc, exc_info=exc)
     logging.shutdown()
     os._exit(EX_SOFTWARE)
+
+
+class RecoveryStalled(AstraFlowError):
+    """faust's table recovery stopped reading its changelogs (streams/recovery_watch.py)."""
 
 
 @dataclass
@@ -87,6 +92,7 @@ class StreamsRuntime:
         commit_every_s: float = 2.0,
         max_task_stats: int = 100_000,
         max_cached_trajectories: int = 16_384,
+        recovery_stall_s: float = 30.0,
     ) -> None:
         self.app, self.pipeline, self.collector, self.topics = app, pipeline, collector, topics
         self.settings = settings
@@ -110,6 +116,11 @@ class StreamsRuntime:
         self._was_ready = False
         self._seen_ends: tuple[float, dict[Any, int], float] = (0.0, {}, 0.0)  # the watchdog's last look
         self._orphans_deleted: set[int] = set()  # the assigned partitions whose orphan bodies are gone
+        self.recovery_watch = RecoveryWatch(
+            app,
+            recovery_stall_s,
+            lambda why: fatal(app, "the table recovery", RecoveryStalled(why)),
+        )
         tables = [t for t in (collector.bodies, collector.groups) if hasattr(t, "written")]
         self.sink = KafkaSink(
             app, topics.samples, topics.task_updates, tables, self.dead, self.publisher, settings, self.stats

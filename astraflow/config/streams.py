@@ -98,6 +98,10 @@ class StreamsConfig(StrictModel):
     """How often the per-stage metrics are published to `metrics`."""
     commit_every_s: float = Field(default=2.0, gt=0, le=60)
     """How often consumed offsets are committed (after the producer is flushed)."""
+    recovery_stall_s: float = Field(default=30.0, gt=0, le=3600)
+    """How long faust's table recovery may go without reading a changelog record while records are
+    left to read before the worker exits to be restarted (faust 0.15.3 can wait for ever there:
+    streams/recovery_watch.py). A slow recovery that reads is never cut short."""
     producer_linger_ms: int = Field(default=20, ge=0, le=1000)
     """How long the worker's producer holds records to batch them. Writes a group's emission
     waits for are sent at once regardless; the rest (table changelog writes, task statistics)
