@@ -221,6 +221,7 @@ def create_app(
         recovery_stall_s=cfg.recovery_stall_s,
     )
     app.astraflow = runtime
+    app.fetch_max_wait_ms = cfg.fetch_max_wait_ms or (500 if settings.wan else 20)
     app.watch = lambda: runtime.recovery_watch.check(time.monotonic())
     if stall_failpoint():
         inject_stall(app)

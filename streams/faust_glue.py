@@ -49,7 +49,8 @@ from mode import Service
 #: `_producer`, aiokafka's
 #: `_message_accumulator.flush_for_commit`), `_StrictConsumer` (`_new_offset`, `_gap`, `_acked`,
 #: `_acked_index`, `_committed_offset`), `AstraFaustApp` (`_new_transport`,
-#: `_new_producer_transport`), `QuietWorker` (mode's `_sentinel_task`, `_crash`, `_stopped`) and
+#: `_new_producer_transport`), `_ConsumerThread` (`_create_worker_consumer`, aiokafka's
+#: `_fetch_max_wait_ms`), `QuietWorker` (mode's `_sentinel_task`, `_crash`, `_stopped`) and
 #: `make_table` (`_new_changelog_topic`) lean on private code that a new release may move without
 #: a word; the exactly-once protocol would then break silently. streams/recovery_watch.py reads
 #: the table recovery's `in_recovery`, `active_offsets` and `active_highwaters`.
@@ -60,6 +61,8 @@ TESTED = {"faust-streaming": ("0.15.3",), "mode-streaming": ("0.7.1",), "aiokafk
 LEANED_ON = (
     (faust_aiokafka.Producer, "_settings_extra"),
     (faust_aiokafka.Consumer, "_new_offset"),
+    (faust_aiokafka.Consumer, "_new_consumer_thread"),
+    (faust_aiokafka.AIOKafkaConsumerThread, "_create_worker_consumer"),
     (faust.App, "_new_transport"),
     (faust.App, "_new_producer_transport"),
     (faust.Worker, "_sentinel_task"),
@@ -206,6 +209,20 @@ def next_commit(acked: list[int], committed: int | None) -> tuple[int | None, in
     return expect, i
 
 
+class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """faust's aiokafka consumer, with the app's `fetch_max_wait_ms` (streams.fetch_max_wait_ms)
+    instead of the 1,500 ms faust 0.15.3 hard-codes (`_create_worker_consumer`). aiokafka keeps one
+    fetch in flight per broker, and a fetch leaves out the partitions whose records the app has not
+    taken yet; a record that then arrives on one of those waits for the fetch in flight to end. With
+    1.5 s, a streams worker that had just drained a burst held the next groups 0.3-0.9 s
+    (bench/RESULTS.md, "Streams")."""
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        consumer._fetch_max_wait_ms = getattr(self.app, "fetch_max_wait_ms", consumer._fetch_max_wait_ms)
+        return consumer
+
+
 class _StrictConsumer(faust_aiokafka.Consumer):
     """faust's consumer, minus two ways it commits past a record that was never processed.
 
@@ -216,6 +233,9 @@ class _StrictConsumer(faust_aiokafka.Consumer):
     record that faust dropped while fetching around a rebalance was committed as done and lost:
     a group then never completed (1 CI run of the random-SIGKILL test in about 10). Here a
     missing record holds the commit back and `StreamsRuntime.watchdog` re-reads it."""
+
+    def _new_consumer_thread(self) -> Any:
+        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     def _new_offset(self, tp: Any) -> int | None:
         self._gap.pop(tp, None)  # a skipped offset is not a processed one

@@ -181,3 +181,24 @@ def test_a_drain_waits_for_the_table_write_the_buffers_task_still_holds(buffer_c
             await buf.stop()
 
     asyncio.run(main())
+
+
+def test_the_worker_consumer_fetches_with_the_apps_wait_not_fausts_1500_ms():
+    """faust 0.15.3 hard-codes fetch_max_wait_ms=1500; streams' consumer takes the app's
+    (streams.fetch_max_wait_ms), or aiokafka's own when the app names none."""
+    import asyncio
+
+    from streams.faust_glue import AstraFaustApp
+
+    async def waits() -> tuple[int, int]:
+        made = []
+        for i, wait in enumerate((20, None)):
+            app = AstraFaustApp(f"fetch-wait-{i}", broker="kafka://127.0.0.1:1", store="memory://")
+            if wait is not None:
+                app.fetch_max_wait_ms = wait
+            consumer = app.consumer._thread._create_worker_consumer(app.transport)
+            made.append(consumer._fetch_max_wait_ms)
+            await consumer.stop()  # never started: nothing to close but the object
+        return made[0], made[1]
+
+    assert asyncio.run(waits()) == (20, 1500)
