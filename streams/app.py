@@ -40,9 +40,10 @@ from astraflow.kafka_faust import faust_settings
 from astraflow.topics import DEADLETTER, METRICS, TASK_STATS, TRAJECTORIES
 from astraflow.topics import samples as samples_topic
 from streams.api import StageContext
+from streams.emission import failpoint_from_env
 from streams.grouping import GroupCollector
 from streams.pipeline import build_pipeline
-from streams.recovery_watch import inject_stall, stall_failpoint
+from streams.recovery_watch import inject_stall
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +224,7 @@ def create_app(
     app.astraflow = runtime
     app.fetch_max_wait_ms = cfg.fetch_max_wait_ms or (500 if settings.wan else 20)
     app.watch = lambda: runtime.recovery_watch.check(time.monotonic())
-    if stall_failpoint():
+    if failpoint_from_env(("stall_recovery",)) is not None:
         inject_stall(app)
 
     @app.agent(source, concurrency=1, name="pipeline")

@@ -51,14 +51,18 @@ from streams.stats import TaskSummary
 log = logging.getLogger(__name__)
 
 
-def failpoint_from_env() -> tuple[str, int] | None:
+EMIT_FAILPOINTS = ("mid_emit", "after_emit", "before_delete")
+
+
+def failpoint_from_env(names: tuple[str, ...] = EMIT_FAILPOINTS) -> tuple[str, int] | None:
     """Fault injection for the crash tests: ASTRAFLOW_STREAMS_FAILPOINT=mid_emit:N (SIGKILL after the
     first half of the N-th emitted group's Samples are acknowledged), after_emit:N (after all the Samples
     of the N-th group's batch are, before any group of the batch is marked done) or before_delete:N
-    (once the done tombstones of N groups are acknowledged, before the bodies of the last are deleted)."""
+    (once the done tombstones of N groups are acknowledged, before the bodies of the last are deleted);
+    another module's failpoints by their `names` (stall_recovery:1, streams/recovery_watch.py)."""
     spec = os.environ.get("ASTRAFLOW_STREAMS_FAILPOINT", "")
     where, _, n = spec.partition(":")
-    return (where, int(n)) if where in ("mid_emit", "after_emit", "before_delete") and n.isdigit() else None
+    return (where, int(n)) if where in names and n.isdigit() else None
 
 
 class Emitter:

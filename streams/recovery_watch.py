@@ -17,16 +17,14 @@ record delivered during the worker's recoveries, as that stall did (`inject_stal
 
 from __future__ import annotations
 
-import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
-log = logging.getLogger(__name__)
+from astraflow.errors import AstraFlowError
 
 
-def stall_failpoint() -> bool:
-    return os.environ.get("ASTRAFLOW_STREAMS_FAILPOINT", "") == "stall_recovery:1"
+class RecoveryStalled(AstraFlowError):
+    """faust's table recovery stopped reading its changelogs."""
 
 
 class RecoveryWatch:

@@ -30,7 +30,7 @@ from typing import Any
 
 from astraflow.config.kafka import KafkaSettings
 from astraflow.deadletters import DeadLetters
-from astraflow.errors import AstraFlowError, RecordError
+from astraflow.errors import RecordError
 from astraflow.kafka import Publisher
 from astraflow.metrics import MetricsReporter
 from astraflow.records import Trajectory
@@ -39,7 +39,7 @@ from streams.emission import Emitter, failpoint_from_env
 from streams.grouping import DONE, GroupCollector
 from streams.pipeline import Pipeline
 from streams.plan import Letter, Routes
-from streams.recovery_watch import RecoveryWatch
+from streams.recovery_watch import RecoveryStalled, RecoveryWatch
 from streams.sink import KafkaSink
 from streams.stats import StatsTable, parse_summary
 
@@ -62,10 +62,6 @@ def fatal(app: Any, where: str, exc: BaseException) -> None:
     log.critical("streams: fatal error in %s: %s: %s", where, type(exc).__name__, exc, exc_info=exc)
     logging.shutdown()
     os._exit(EX_SOFTWARE)
-
-
-class RecoveryStalled(AstraFlowError):
-    """faust's table recovery stopped reading its changelogs (streams/recovery_watch.py)."""
 
 
 @dataclass

@@ -11,7 +11,7 @@ import pytest
 from faust.exceptions import NotReady
 
 from astraflow.errors import ConfigError
-from streams.faust_glue import LEANED_ON, QuietWorker, check_versions, is_stop_race
+from streams.faust_glue import LEANED_ON, AstraFaustApp, QuietWorker, check_versions, is_stop_race
 
 
 @pytest.fixture
@@ -187,8 +187,6 @@ def test_the_worker_consumer_fetches_with_the_apps_wait_not_fausts_1500_ms():
     """faust 0.15.3 hard-codes fetch_max_wait_ms=1500; streams' consumer takes the app's
     (streams.fetch_max_wait_ms), or aiokafka's own when the app names none."""
     import asyncio
-
-    from streams.faust_glue import AstraFaustApp
 
     async def waits() -> tuple[int, int]:
         made = []
