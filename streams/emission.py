@@ -59,7 +59,9 @@ def failpoint_from_env(names: tuple[str, ...] = EMIT_FAILPOINTS) -> tuple[str, i
     first half of the N-th emitted group's Samples are acknowledged), after_emit:N (after all the Samples
     of the N-th group's batch are, before any group of the batch is marked done) or before_delete:N
     (once the done tombstones of N groups are acknowledged, before the bodies of the last are deleted);
-    another module's failpoints by their `names` (stall_recovery:1, streams/recovery_watch.py)."""
+    another module's failpoints by their `names` (stall_recovery:1, streams/recovery_watch.py;
+    lose_records:N, streams/runtime.py: the first N records are dropped unprocessed and unacknowledged,
+    as faust 0.15.3 lost fetched records at some restarts)."""
     spec = os.environ.get("ASTRAFLOW_STREAMS_FAILPOINT", "")
     where, _, n = spec.partition(":")
     return (where, int(n)) if where in names and n.isdigit() else None

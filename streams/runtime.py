@@ -64,6 +64,31 @@ def fatal(app: Any, where: str, exc: BaseException) -> None:
     os._exit(EX_SOFTWARE)
 
 
+class EndsSeen:
+    """The watchdog's memory of the source partitions' end offsets: `look` keeps the ends of a look
+    until they are `age_s` old, and hands them back then if no event came since (a new event starts
+    a new look). `due` says whether a look now could hand any back, so an idle worker asks the
+    broker for its ends once every `age_s`, not at every sweep."""
+
+    def __init__(self, age_s: float) -> None:
+        self.age_s = age_s
+        self._seen: tuple[float, dict[Any, int], float] | None = None  # (when, ends, last event then)
+
+    def due(self, now: float, last_event: float) -> bool:
+        seen = self._seen
+        return seen is None or seen[2] != last_event or now - seen[0] >= self.age_s
+
+    def look(self, now: float, last_event: float, ends: dict[Any, int]) -> dict[Any, int] | None:
+        seen = self._seen
+        if seen is not None and seen[2] == last_event:
+            if now - seen[0] < self.age_s:
+                return None
+            self._seen = None
+            return seen[1]
+        self._seen = (now, ends, last_event)
+        return None
+
+
 @dataclass
 class Topics:
     """The Faust channels the runtime produces to, and the partition counts it routes with."""
@@ -110,7 +135,9 @@ class StreamsRuntime:
         self.reporter = MetricsReporter(self.publisher, "streams", instance_id, region=settings.region)
         self.last_event = time.monotonic()
         self._was_ready = False
-        self._seen_ends: tuple[float, dict[Any, int], float] = (0.0, {}, 0.0)  # the watchdog's last look
+        self._ends = EndsSeen(commit_every_s)  # the watchdog's looks at the partitions' ends
+        lose = failpoint_from_env(("lose_records",))
+        self._lose = lose[1] if lose else 0  # records to drop unseen (crash tests of the watchdog)
         self._orphans_deleted: set[int] = set()  # the assigned partitions whose orphan bodies are gone
         self.recovery_watch = RecoveryWatch(
             app,
@@ -157,6 +184,9 @@ class StreamsRuntime:
         `ack` acknowledges the record (its offset may then be committed): called before this
         returns, or, for a record of a group held in memory (streams/grouping.py, `add_record`),
         by the emitter once that group is done. Without `ack` nothing is held."""
+        if self._lose:  # the lose_records failpoint: as faust losing fetched records at a restart
+            self._lose -= 1
+            return
         held = await self._on_record(msg, ack is not None)
         if ack is not None:
             if held is not None:
@@ -288,16 +318,19 @@ class StreamsRuntime:
         tps = [tp for tp in self.app.assignor.assigned_actives() if tp.topic in sources]
         if not tps:
             return
+        # only records the broker already had a commit interval ago, with nothing arrived since,
+        # count: ones that arrived a moment ago are still on their way to the agent (re-seeking for
+        # them would deliver them twice)
+        if not self._ends.due(time.monotonic(), self.last_event):
+            return
         ends = await consumer.highwaters(*tps)
-        # only records the broker already had at an earlier check count: ones that arrived a moment
-        # ago are still on their way to the agent (re-seeking for them would deliver them twice)
-        seen, self._seen_ends = self._seen_ends, (time.monotonic(), ends, self.last_event)
-        if seen[2] != self.last_event or time.monotonic() - seen[0] < self.commit_every_s:
+        old = self._ends.look(time.monotonic(), self.last_event, ends)
+        if old is None:
             return
         stuck = []
         for tp in tps:
             committed = consumer.last_committed(tp) or 0
-            end = seen[1].get(tp)
+            end = old.get(tp)
             if end is not None and end > committed:
                 stuck.append((tp, committed, end))
         if stuck:
